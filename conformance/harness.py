@@ -1,0 +1,119 @@
+"""Running a case: forward through the probe, backward with generated grad_outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from conformance.probe import Recorder, probe
+from strategies.cases import Case
+
+__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "run_reference"]
+
+
+def as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def differentiable_positions(outputs: Sequence[Any]) -> list[int]:
+    """Positions of outputs that carry a gradient (floating point, attached to the graph)."""
+    return [
+        position
+        for position, out in enumerate(outputs)
+        if isinstance(out, torch.Tensor) and out.requires_grad and (out.is_floating_point() or out.is_complex())
+    ]
+
+
+@dataclass
+class Execution:
+    """One forward (and optionally backward) of a case, with everything the contracts inspect."""
+
+    case: Case
+    args: list[Any]
+    outputs: tuple[Any, ...]
+    recorder: Recorder
+    diff_positions: list[int] = field(default_factory=list)
+    grad_outputs: tuple[torch.Tensor, ...] = ()
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    backward_error: BaseException | None = None
+
+    @property
+    def wrt_names(self) -> list[str]:
+        return [
+            recipe.name
+            for recipe, arg in zip(self.case.recipes, self.args)
+            if isinstance(arg, torch.Tensor) and arg.requires_grad
+        ]
+
+
+def execute(
+    case: Case,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+    requires_grad: frozenset[str] | set[str] | None = None,
+    backward: bool = True,
+    fn: type[torch.autograd.Function] | None = None,
+    grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None = None,
+    retain_graph: bool = False,
+    raise_backward: bool = False,
+) -> Execution:
+    """Forward through a probed copy of the Function; then backward unless told not to.
+
+    Backward goes through ``torch.autograd.grad`` with respect to every input that requires grad,
+    so the engine's own checks still run; its errors are kept in ``backward_error`` (re-raised
+    with ``raise_backward``) because the raw record usually explains them better.
+    """
+    probed, recorder = probe(fn or case.spec.fn)
+    args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
+    outputs = as_tuple(probed.apply(*args))
+    execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder)
+    execution.diff_positions = differentiable_positions(outputs)
+    if not backward:
+        return execution
+    wrt = [arg for arg in args if isinstance(arg, torch.Tensor) and arg.requires_grad]
+    diff_outputs = [outputs[p] for p in execution.diff_positions]
+    if not wrt or not diff_outputs:
+        return execution
+    make = grad_outputs or (lambda outs: case.grad_outputs(outs))
+    execution.grad_outputs = tuple(make(diff_outputs))
+    try:
+        grads = torch.autograd.grad(
+            diff_outputs, wrt, execution.grad_outputs, allow_unused=True, retain_graph=retain_graph
+        )
+    except Exception as error:  # the contracts explain engine errors from the raw record
+        if raise_backward:
+            raise
+        execution.backward_error = error
+        return execution
+    execution.grads = dict(zip(execution.wrt_names, grads))
+    return execution
+
+
+def run_reference(
+    func: Callable[..., Any],
+    case: Case,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    requires_grad: frozenset[str] | set[str] | None = None,
+    grad_outputs_from: Sequence[torch.Tensor] | None = None,
+) -> tuple[tuple[Any, ...], dict[str, torch.Tensor | None]]:
+    """Outputs and input gradients of a plain differentiable function (reference/surrogate)."""
+    args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
+    outputs = as_tuple(func(*args))
+    positions = differentiable_positions(outputs)
+    wrt_names = [r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not positions or not wrt:
+        return outputs, {}
+    diff_outputs = [outputs[p] for p in positions]
+    if grad_outputs_from is not None:
+        grad_outs = tuple(g.detach().to(device=device, dtype=o.dtype) for g, o in zip(grad_outputs_from, diff_outputs))
+    else:
+        grad_outs = case.grad_outputs(diff_outputs)
+    grads = torch.autograd.grad(diff_outputs, wrt, grad_outs, allow_unused=True)
+    return outputs, dict(zip(wrt_names, grads))

@@ -1,0 +1,108 @@
+"""Importing ``--impl`` targets and selecting the specs they registered."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from conformance.spec import Spec, SpecError, registered
+
+__all__ = ["ImplError", "import_path", "load_impls"]
+
+
+class ImplError(Exception):
+    """An ``--impl`` target could not be imported or registered nothing."""
+
+
+def _module_name_for_path(path: Path) -> str:
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    return f"_conformance_impl_{path.stem}_{digest}"
+
+
+def import_path(path: str | Path) -> ModuleType:
+    """Import a ``.py`` file as the module ``--impl=path`` uses (idempotent); used by repros."""
+    resolved = Path(path).expanduser().resolve()
+    name = _module_name_for_path(resolved)
+    if name in sys.modules:
+        return sys.modules[name]
+    # Let the file import its siblings, as `python path/to/file.py` would.
+    if str(resolved.parent) not in sys.path:
+        sys.path.insert(0, str(resolved.parent))
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise ImplError(f"cannot import {str(resolved)!r} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_target(target: str) -> str:
+    """Import one target; return the module name its registrations are attributed to."""
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ImplError(f"--impl={target}: no such file {str(path)!r}")
+        return import_path(path).__name__
+        # Let the file import its siblings, as `python path/to/file.py` would.
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImplError(f"--impl={target}: cannot import {str(path)!r} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return name
+    importlib.import_module(target)
+    return target
+
+
+def load_impls(impl: str) -> list[Spec]:
+    """Import every comma-separated target of ``impl``; return the specs each registered.
+
+    A spec belongs to a target when it was registered from the target module or one of its
+    submodules, or during the target's import. Raises :class:`SpecError` for a bad spec and
+    :class:`ImplError` for a target that cannot be imported or registers nothing.
+    """
+    targets = [t.strip() for t in impl.split(",") if t.strip()]
+    if not targets:
+        raise ImplError(f"--impl={impl!r} names no module; pass e.g. --impl=mypkg or --impl=path/to/specs.py")
+    selected: list[Spec] = []
+    for target in targets:
+        before = {id(s) for s in registered()}
+        try:
+            module_name = _import_target(target)
+        except (SpecError, ImplError):
+            raise
+        except ImportError as error:
+            raise ImplError(
+                f"--impl={target}: cannot import it ({type(error).__name__}: {error}); "
+                "pass an importable module name or a path to a .py file"
+            ) from error
+        except Exception as error:
+            raise ImplError(f"--impl={target}: importing it raised {type(error).__name__}: {error}") from error
+        found = [
+            s
+            for s in registered()
+            if id(s) not in before or s.origin == module_name or s.origin.startswith(module_name + ".")
+        ]
+        if not found:
+            raise ImplError(
+                f"--impl={target}: importing it registered no Functions; call "
+                "conformance.register(MyFunction, inputs=[...], reference=...) at import time"
+            )
+        selected.extend(s for s in found if s not in selected)
+    return selected

@@ -1,0 +1,118 @@
+"""The probe: one mechanism every contract uses to see what backward itself did.
+
+The autograd engine repairs some mistakes before anyone sees them: it sums a gradient whose
+shape is merely expandable to the input's, casts a wrong dtype, and drops gradients for inputs
+that need none. ``probe(fn)`` returns a subclass of ``fn`` whose backward calls the user's
+backward unchanged and records, per call, the raw return value, the grad_outputs it received
+(and copies taken before the call), ``ctx.needs_input_grad``, the saved tensors, and which ctx
+attributes hold tensors. Nothing is added to ``ctx``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["BackwardCall", "Recorder", "probe", "tensors_in", "user_backward_name"]
+
+
+@dataclass
+class BackwardCall:
+    """What one call of the user's backward saw and returned."""
+
+    grad_outputs: tuple[Any, ...] = ()
+    grad_outputs_before: tuple[Any, ...] = ()
+    needs_input_grad: tuple[bool, ...] = ()
+    saved_tensors: tuple[torch.Tensor, ...] = ()
+    saved_before: tuple[torch.Tensor, ...] = ()
+    saved_error: BaseException | None = None
+    ctx_tensor_attributes: dict[str, str] = field(default_factory=dict)
+    raw: tuple[Any, ...] | None = None
+    returned_tuple: bool = True
+    error: BaseException | None = None
+
+
+@dataclass
+class Recorder:
+    """Every backward call made through one probe class, in order."""
+
+    calls: list[BackwardCall] = field(default_factory=list)
+
+    @property
+    def last(self) -> BackwardCall:
+        if not self.calls:
+            raise LookupError("backward was never called")
+        return self.calls[-1]
+
+
+def user_backward_name(fn: type[torch.autograd.Function]) -> str:
+    """``"vjp"`` when the user implemented vjp instead of backward, else ``"backward"``."""
+    base = torch.autograd.Function
+    return "vjp" if getattr(fn, "vjp", base.vjp) is not base.vjp else "backward"
+
+
+def tensors_in(value: Any, depth: int = 2) -> Iterable[torch.Tensor]:
+    """Tensors in ``value`` and in lists/tuples/dicts nested up to ``depth`` levels."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item, depth - 1)
+    elif depth > 0 and isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item, depth - 1)
+
+
+def _clone(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def probe(fn: type[torch.autograd.Function]) -> tuple[type[torch.autograd.Function], Recorder]:
+    """A recording subclass of ``fn`` and the recorder it writes to.
+
+    The subclass keeps ``fn``'s name, forward, setup_context and flags, so grad_fn names and
+    error messages read as the user's own.
+    """
+    recorder = Recorder()
+    method = user_backward_name(fn)
+    user_backward = getattr(fn, method)
+
+    def recording_backward(ctx: Any, *grad_outputs: Any) -> Any:
+        call = BackwardCall()
+        recorder.calls.append(call)
+        call.grad_outputs = grad_outputs
+        flat = grad_outputs[0] if len(grad_outputs) == 1 and isinstance(grad_outputs[0], list) else grad_outputs
+        call.grad_outputs_before = tuple(_clone(g) for g in flat)
+        call.needs_input_grad = tuple(bool(n) for n in getattr(ctx, "needs_input_grad", ()))
+        call.ctx_tensor_attributes = {
+            name: ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors_in(value))
+            for name, value in vars(ctx).items()
+            if not name.startswith("_") and any(True for _ in tensors_in(value))
+        }
+        try:
+            saved = tuple(ctx.saved_tensors)
+        except RuntimeError as error:  # modified in place, or freed by an earlier backward
+            call.saved_error = error
+        else:
+            call.saved_tensors = saved
+            call.saved_before = tuple(_clone(t) for t in saved)
+        try:
+            result = user_backward(ctx, *grad_outputs)
+        except BaseException as error:
+            call.error = error
+            raise
+        call.returned_tuple = isinstance(result, tuple)
+        call.raw = result if isinstance(result, tuple) else (result,)
+        return result
+
+    namespace = {
+        method: staticmethod(recording_backward),
+        "__module__": fn.__module__,
+        "__qualname__": fn.__qualname__,
+        "__doc__": fn.__doc__,
+    }
+    probed = type(fn.__name__, (fn,), namespace)
+    return probed, recorder

@@ -1,0 +1,137 @@
+"""Failure messages: one format for every contract.
+
+``<what>=<got>, but should be <expected> [<where>]`` on the first line (the array-api-tests
+convention), then the mismatch in numbers (assert_close style), the case, a runnable repro
+snippet and the pytest command that replays the example.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+
+if TYPE_CHECKING:
+    from conformance.spec import Spec
+    from strategies.cases import Case
+
+__all__ = [
+    "ContractFailure",
+    "TestContext",
+    "current_context",
+    "describe_value",
+    "fail",
+    "mismatch_report",
+]
+
+
+class ContractFailure(AssertionError):
+    """A Function broke a contract. ``str()`` is the whole user-facing report."""
+
+    def __init__(self, contract: str, spec_name: str, summary: str, report: str) -> None:
+        self.contract = contract
+        self.spec_name = spec_name
+        self.summary = summary
+        super().__init__(report)
+
+
+@dataclass
+class TestContext:
+    """What a failure report needs to know about the running test (set by the runner)."""
+
+    contract: str
+    spec: Spec
+    device: str
+    nodeid: str = ""
+    rerun: str = ""
+    case: Case | None = None
+
+
+_context: contextvars.ContextVar[TestContext | None] = contextvars.ContextVar("conformance_context", default=None)
+
+
+def current_context() -> TestContext | None:
+    return _context.get()
+
+
+def set_context(context: TestContext | None) -> contextvars.Token[TestContext | None]:
+    return _context.set(context)
+
+
+def reset_context(token: contextvars.Token[TestContext | None]) -> None:
+    _context.reset(token)
+
+
+def describe_value(value: Any) -> str:
+    """Short description of a backward return entry: ``Tensor((4, 3), float32, cpu)``/``None``."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor({tuple(value.shape)}, {value.dtype}, {value.device})"
+    return repr(value) if value is None or isinstance(value, (int, float, bool)) else type(value).__name__
+
+
+def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None) -> NoReturn:
+    """Raise :class:`ContractFailure` with the standard report for the running test."""
+    __tracebackhide__ = True
+    context = current_context()
+    contract = contract or (context.contract if context else "?")
+    spec = spec or (context.spec if context else None)
+    case = case or (context.case if context else None)
+    fn_name = f"{spec.fn.__qualname__} ({spec.name!r})" if spec is not None else "?"
+    lines = [f"[{contract}] {fn_name}: {summary}"]
+    lines.extend(f"  {line}" for detail in details if detail for line in detail.splitlines())
+    if case is not None:
+        lines.append(f"  case: {case.describe()}")
+        lines.append("  repro:")
+        lines.extend(f"    {line}" for line in case.repro().splitlines())
+    if context is not None and context.rerun:
+        lines.append(f"  rerun: {context.rerun}")
+    raise ContractFailure(contract, spec.name if spec else "?", summary, "\n".join(lines))
+
+
+def _index(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size if size else 0)
+        flat_index = flat_index // size if size else 0
+    return tuple(reversed(index))
+
+
+def mismatch_report(actual: torch.Tensor, expected: torch.Tensor, *, allowed: float, baseline: float | None = None) -> str:
+    """assert_close-style numbers for ``|actual - expected| <= allowed`` (absolute budget).
+
+    Reports the mismatched count and share, the greatest absolute difference and its index,
+    the baseline error when given, and the allowed budget.
+    """
+    actual64 = actual.detach().to("cpu", torch.float64)
+    expected64 = expected.detach().to("cpu", torch.float64)
+    both_finite = torch.isfinite(actual64) & torch.isfinite(expected64)
+    diff = torch.where(both_finite, (actual64 - expected64).abs(), torch.zeros_like(actual64))
+    nan_mismatch = ~both_finite & ~(
+        (actual64 == expected64) | (torch.isnan(actual64) & torch.isnan(expected64))
+    )
+    mismatched = (diff > allowed) | nan_mismatch
+    total = actual64.numel()
+    count = int(mismatched.sum())
+    share = 100.0 * count / total if total else 0.0
+    lines = [f"Mismatched elements: {count} / {total} ({share:.1f}%)"]
+    if total:
+        flat = diff.reshape(-1)
+        where = int(flat.argmax())
+        lines.append(
+            f"Greatest absolute difference: {float(flat[where]):.6g} at index {_index(where, actual64.shape)} "
+            f"(actual {float(actual64.reshape(-1)[where]):.6g}, expected {float(expected64.reshape(-1)[where]):.6g})"
+        )
+        if bool(nan_mismatch.any()):
+            first = int(nan_mismatch.reshape(-1).nonzero()[0])
+            lines.append(
+                f"Non-finite mismatch at index {_index(first, actual64.shape)}: actual "
+                f"{float(actual64.reshape(-1)[first])}, expected {float(expected64.reshape(-1)[first])}"
+            )
+    if baseline is not None:
+        lines.append(f"Baseline error (reference in the same dtype): {baseline:.6g}")
+    lines.append(f"Allowed: {allowed:.6g}" if math.isfinite(allowed) else "Allowed: inf")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Contract gradcheck: the analytical gradient matches finite differences, in float64.
+
+Runs ``torch.autograd.gradcheck`` on generated shapes. Above ``FAST_MODE_ELEMENTS`` it uses fast
+mode (random projections u^T J v) with ``FAST_ATOL``: gradcheck scales atol by sum(u) * sum(v),
+so the default atol=1e-5 lets a backward that is 5% off pass on a few thousand elements
+(measured: tests/test_gradcheck_tolerance.py). Specs with a ``surrogate`` (straight-through
+estimators) are instead compared with the surrogate's autograd gradient.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import pytest
+import torch
+from hypothesis import strategies as st
+from torch.autograd.gradcheck import GradcheckError
+
+from conformance.harness import as_tuple, execute, run_reference
+from conformance.report import fail
+from conformance.runner import Target
+
+FAST_MODE_ELEMENTS = 256
+SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
+FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
+SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
+
+
+def gradcheck_inputs(target: Target, data: st.DataObject):  # type: ignore[no-untyped-def]
+    case = target.draw_case(data, dtypes=(torch.float64,))
+    args = case.args(dtype=torch.float64)
+    wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    return case, args, wrt_positions
+
+
+def check_gradcheck(target: Target, data: st.DataObject) -> None:
+    case, args, wrt_positions = gradcheck_inputs(target, data)
+    if not wrt_positions:
+        return
+    names = [case.recipes[i].name for i in wrt_positions]
+    fn = target.spec.fn
+
+    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, tensor in zip(wrt_positions, wrt):
+            full[position] = tensor
+        return as_tuple(fn.apply(*full))
+
+    wrt_tensors = tuple(args[i] for i in wrt_positions)
+    with torch.no_grad():
+        out_numel = sum(o.numel() for o in as_tuple(fn.apply(*case.args(dtype=torch.float64, requires_grad=set()))) if isinstance(o, torch.Tensor))
+    in_numel = sum(t.numel() for t in wrt_tensors)
+    fast = in_numel + out_numel > FAST_MODE_ELEMENTS
+    atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
+    # Fast mode draws its projection vectors from torch's global RNG: seed it from the case.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(zlib.crc32(repr((case.grad_seed, names)).encode()))
+        try:
+            torch.autograd.gradcheck(call, wrt_tensors, atol=atol, rtol=rtol, fast_mode=fast)
+        except GradcheckError as error:
+            message = str(error)
+            match = re.search(r"with respect to input (\d+)", message)
+            argument = names[int(match.group(1))] if match else ", ".join(names)
+            fail(
+                f"analytical grad[{argument!r}] != numerical [torch.autograd.gradcheck, float64, "
+                f"{'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]",
+                message.strip(),
+            )
+
+
+def check_surrogate(target: Target, data: st.DataObject) -> None:
+    case, _, wrt_positions = gradcheck_inputs(target, data)
+    if not wrt_positions:
+        return
+    execution = execute(case, dtype=torch.float64, raise_backward=True)
+    if not execution.grad_outputs:
+        return
+    assert target.spec.surrogate is not None
+    _, expected = run_reference(
+        target.spec.surrogate, case, dtype=torch.float64, device=case.device, grad_outputs_from=execution.grad_outputs
+    )
+    for name, grad in execution.grads.items():
+        want = expected.get(name)
+        if want is None or grad is None:
+            if (want is None) != (grad is None):
+                fail(f"grad[{name!r}]={'None' if grad is None else 'a tensor'}, but should match the surrogate's ({'None' if want is None else 'a tensor'})")
+            continue
+        try:
+            torch.testing.assert_close(grad, want, atol=SURROGATE_ATOL, rtol=SURROGATE_RTOL)
+        except AssertionError as error:
+            fail(f"grad[{name!r}] != autograd gradient of the declared surrogate [float64]", str(error))
+
+
+def test_gradcheck(conformance_target: Target) -> None:
+    spec = conformance_target.spec
+    if not spec.supports_float64:
+        pytest.skip(f"{spec.name!r} does not list torch.float64 in dtypes; the reference contract covers it")
+    if conformance_target.options.dtypes is not None and torch.float64 not in conformance_target.options.dtypes:
+        pytest.skip("float64 is excluded by --dtypes")
+    conformance_target.run(check_surrogate if spec.surrogate is not None else check_gradcheck)

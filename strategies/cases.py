@@ -1,0 +1,328 @@
+"""Whole calls of a registered Function: concrete sizes, values, dtype and requires_grad.
+
+A :class:`Case` is a *recipe*, not tensors: every contract asks it for fresh leaf tensors
+(in any dtype/device, with any requires_grad subset), so runs never share state, and a failure
+can print a snippet that rebuilds exactly the same inputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from strategies.dims import batch_shapes, dim_sizes
+from strategies.values import (
+    index_from_seed,
+    magnitudes,
+    mask_from_seed,
+    tensor_from_seed,
+    value_seeds,
+)
+
+if TYPE_CHECKING:
+    from conformance.spec import Spec
+
+__all__ = ["ArgRecipe", "Case", "cases", "fit_to_budget", "shape_of"]
+
+
+@dataclass(frozen=True)
+class ArgRecipe:
+    """How to rebuild one argument: a tensor/mask/index from a seed, or a scalar value."""
+
+    name: str
+    kind: str  # "tensor" | "mask" | "index" | "scalar"
+    shape: tuple[int, ...] = ()
+    seed: int = 0
+    domain: Any = "real"
+    scale: float = 1.0
+    constant_rows: bool = False
+    mask_kind: str = "random"
+    high: int = 1
+    value: Any = None
+    layout: str = "contiguous"
+
+    def build(self, dtype: torch.dtype, device: str) -> Any:
+        if self.kind == "scalar":
+            return self.value
+        if self.kind == "mask":
+            return mask_from_seed(self.shape, seed=self.seed, kind=self.mask_kind, device=device)
+        if self.kind == "index":
+            return index_from_seed(self.shape, seed=self.seed, high=self.high, device=device)
+        tensor = tensor_from_seed(
+            self.shape, dtype, seed=self.seed, domain=self.domain, scale=self.scale,
+            device=device, constant_rows=self.constant_rows,
+        )
+        return apply_layout(tensor, self.layout)
+
+    def source(self, dtype: torch.dtype, device: str) -> str:
+        """Python source that rebuilds this argument (used in repro snippets)."""
+        if self.kind == "scalar":
+            return repr(self.value)
+        if self.kind == "mask":
+            return f"mask_from_seed({self.shape!r}, seed={self.seed}, kind={self.mask_kind!r}, device={device!r})"
+        if self.kind == "index":
+            return f"index_from_seed({self.shape!r}, seed={self.seed}, high={self.high}, device={device!r})"
+        extra = ", constant_rows=True" if self.constant_rows else ""
+        text = (
+            f"tensor_from_seed({self.shape!r}, {dtype}, seed={self.seed}, domain={self.domain!r}, "
+            f"scale={self.scale!r}, device={device!r}{extra})"
+        )
+        if self.layout != "contiguous":
+            text = f"apply_layout({text}, {self.layout!r})"
+        return text
+
+
+LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last")
+
+
+def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as ``tensor`` (same shape) in another memory layout.
+
+    ``transposed``: stored with the last two dims swapped; ``sliced``: every other element of a
+    twice-as-long last dim; ``offset``: a view with a non-zero storage offset; ``expanded``: a
+    stride-0 view (only when every last-dim row is constant, otherwise returned contiguous);
+    ``channels_last``: 4-d tensors in channels-last memory format.
+    """
+    if layout not in LAYOUTS:
+        raise InvalidArgument(f"layout={layout!r} must be one of {LAYOUTS}")
+    if layout == "contiguous" or tensor.ndim == 0:
+        return tensor.contiguous()
+    if layout == "transposed":
+        if tensor.ndim < 2:
+            return tensor.contiguous()
+        return tensor.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "sliced":
+        wide = torch.zeros((*tensor.shape[:-1], tensor.shape[-1] * 2), dtype=tensor.dtype, device=tensor.device)
+        wide[..., ::2] = tensor
+        return wide[..., ::2]
+    if layout == "offset":
+        flat = torch.zeros(tensor.numel() + 3, dtype=tensor.dtype, device=tensor.device)
+        flat[3:] = tensor.reshape(-1)
+        return flat[3:].view(tensor.shape)
+    if layout == "expanded":
+        if tensor.shape[-1] > 0 and bool((tensor == tensor[..., :1]).all()):
+            return tensor[..., :1].expand(tensor.shape)
+        return tensor.contiguous()
+    if tensor.ndim == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor.contiguous()
+
+
+@dataclass(frozen=True, repr=False)
+class Case:
+    """One concrete call of a spec: every argument's recipe plus dtype, device and requires_grad."""
+
+    spec: Spec
+    device: str
+    dtype: torch.dtype
+    sizes: dict[str, int]
+    batches: dict[str, tuple[int, ...]]
+    recipes: tuple[ArgRecipe, ...]
+    requires_grad: frozenset[str]
+    grad_seed: int = 0
+    grad_scale: float = 1.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def args(
+        self,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | None = None,
+        requires_grad: frozenset[str] | set[str] | None = None,
+    ) -> list[Any]:
+        """Fresh positional arguments (new leaf tensors every call)."""
+        dtype = dtype or self.dtype
+        device = device or self.device
+        wanted = self.requires_grad if requires_grad is None else requires_grad
+        built = []
+        for recipe in self.recipes:
+            value = recipe.build(dtype, device)
+            if recipe.kind == "tensor" and recipe.name in wanted:
+                # A leaf that requires grad, keeping the recipe's layout (requires_grad_ on a view
+                # of a non-leaf buffer would not make a leaf).
+                value = value.detach().requires_grad_(True)
+            built.append(value)
+        return built
+
+    def grad_outputs(self, outputs: Sequence[torch.Tensor], *, dtype: torch.dtype | None = None, device: str | None = None) -> tuple[torch.Tensor, ...]:
+        """One grad_output per given output, from ``grad_seed`` (same values for every dtype)."""
+        return tuple(
+            tensor_from_seed(
+                tuple(out.shape), dtype or out.dtype, seed=self.grad_seed + position,
+                scale=self.grad_scale, device=device or str(out.device),
+            )
+            for position, out in enumerate(outputs)
+        )
+
+    def __repr__(self) -> str:
+        return f"Case({self.describe()})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+    def with_dtype(self, dtype: torch.dtype) -> Case:
+        return replace(self, dtype=dtype)
+
+    def describe(self) -> str:
+        parts = []
+        for recipe in self.recipes:
+            if recipe.kind == "scalar":
+                parts.append(f"{recipe.name}={recipe.value!r}")
+            else:
+                grad = ", requires_grad" if recipe.name in self.requires_grad else ""
+                extra = f", layout={recipe.layout}" if recipe.layout != "contiguous" else ""
+                parts.append(f"{recipe.name}: {recipe.kind}{tuple(recipe.shape)}{extra}{grad}")
+        return f"{self.dtype} on {self.device}; " + "; ".join(parts)
+
+    def repro(self) -> str:
+        """A runnable snippet that rebuilds the inputs and calls forward and backward."""
+        fn = self.spec.fn
+        lines = [
+            "import torch",
+            "from strategies.values import tensor_from_seed, mask_from_seed, index_from_seed",
+            "from strategies.cases import apply_layout",
+        ]
+        module = sys.modules.get(fn.__module__)
+        top = fn.__qualname__.split(".")[0]
+        if fn.__module__.startswith("_conformance_impl_") and getattr(module, "__file__", None):
+            lines.append("from conformance.loader import import_path")
+            lines.append(f"{top} = import_path({module.__file__!r}).{top}")
+        else:
+            lines.append(f"from {fn.__module__} import {top}")
+        names = []
+        for recipe in self.recipes:
+            source = recipe.source(self.dtype, self.device)
+            if recipe.name in self.requires_grad:
+                source += ".detach().requires_grad_()"
+            lines.append(f"{recipe.name} = {source}")
+            names.append(recipe.name)
+        lines.append(f"out = {fn.__qualname__}.apply({', '.join(names)})")
+        lines.append("outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor) and o.requires_grad]")
+        lines.append(
+            f"grads = [tensor_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
+            f"scale={self.grad_scale!r}, device={self.device!r}) for i, o in enumerate(outs)]"
+        )
+        lines.append("torch.autograd.backward(outs, grads)")
+        return "\n".join(lines)
+
+
+def shape_of(spec_input: Any, sizes: dict[str, int], batches: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The concrete shape of a Tensor/Mask/Index spec input under drawn sizes."""
+    parsed = spec_input.parsed
+    shape: list[int] = list(batches[parsed.batch]) if parsed.batch else []
+    shape.extend(sizes[d] if isinstance(d, str) else d for d in parsed.dims)
+    return tuple(shape)
+
+
+def fit_to_budget(
+    spec: Spec, sizes: dict[str, int], batches: dict[str, tuple[int, ...]], max_elements: int
+) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Halve the largest dims until every input has at most ``max_elements`` elements.
+
+    Deterministic, so shrinking the drawn sizes still shrinks the result.
+    """
+    sizes = dict(sizes)
+    batches = {k: list(v) for k, v in batches.items()}  # type: ignore[misc]
+    shaped = [i for i in spec.inputs if getattr(i, "kind", "scalar") != "scalar"]
+    for _ in range(200):
+        numels = [(_numel(shape_of(i, sizes, batches)), i) for i in shaped]  # type: ignore[arg-type]
+        if not numels:
+            break
+        largest_numel, largest = max(numels, key=lambda pair: pair[0])
+        if largest_numel <= max_elements:
+            break
+        parsed = largest.parsed
+        candidates: list[tuple[int, str, Any]] = [(sizes[d], "dim", d) for d in parsed.dims if isinstance(d, str)]
+        if parsed.batch:
+            candidates += [(s, "batch", (parsed.batch, j)) for j, s in enumerate(batches[parsed.batch])]
+        candidates = [c for c in candidates if c[0] > 1]
+        if not candidates:
+            break  # only literal dims left: the spec itself is larger than the budget
+        size, where, key = max(candidates, key=lambda c: c[0])
+        if where == "dim":
+            sizes[key] = (size + 1) // 2
+        else:
+            batches[key[0]][key[1]] = (size + 1) // 2  # type: ignore[index]
+    return sizes, {k: tuple(v) for k, v in batches.items()}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for s in shape:
+        total *= s
+    return total
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    spec: Spec,
+    *,
+    device: str = "cpu",
+    dtypes: Sequence[torch.dtype] | None = None,
+    max_elements: int = 512,
+    min_size: int = 1,
+    max_size: int = 7,
+    block_sizes: Sequence[int] = (16,),
+    extreme: bool = False,
+    requires_grad: str = "all",
+) -> Case:
+    """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
+
+    spec: the registered spec.
+    device: the device the tensors are built on.
+    dtypes: the dtypes to choose from (default: the spec's).
+    max_elements: per-input element budget; larger drawn sizes are halved to fit.
+    min_size / max_size / block_sizes: passed to :func:`strategies.dims.dim_sizes`.
+    extreme: draw value magnitudes up towards the dtype's range.
+    requires_grad: ``"all"`` (every differentiable input) or ``"subsets"`` (any subset).
+    Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1.
+    Example: ``cases(spec, device="cpu").example()``.
+    """
+    if requires_grad not in ("all", "subsets"):
+        raise InvalidArgument(f"requires_grad={requires_grad!r} must be 'all' or 'subsets'")
+    if max_elements < 1:
+        raise InvalidArgument(f"max_elements={max_elements!r} must be >= 1")
+    choices = tuple(dtypes) if dtypes is not None else spec.dtypes
+    if not choices:
+        raise InvalidArgument(f"dtypes={dtypes!r} is empty")
+    dtype = draw(st.sampled_from(choices), label="dtype")
+    sizes = draw(dim_sizes(spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes), label="dim sizes")
+    batches = {name: draw(batch_shapes(), label=f"*{name}") for name in spec.batch_names}
+    sizes, batches = fit_to_budget(spec, sizes, batches, max_elements)
+
+    recipes = []
+    for spec_input in spec.inputs:
+        if spec_input.kind == "scalar":
+            value = spec_input.value  # type: ignore[union-attr]
+            if isinstance(value, st.SearchStrategy):
+                value = draw(value, label=spec_input.name)
+            recipes.append(ArgRecipe(spec_input.name, "scalar", value=value))
+            continue
+        shape = shape_of(spec_input, sizes, batches)
+        seed = draw(value_seeds(), label=f"{spec_input.name} seed")
+        if spec_input.kind == "mask":
+            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind="random"))
+        elif spec_input.kind == "index":
+            high = spec_input.high  # type: ignore[union-attr]
+            recipes.append(ArgRecipe(spec_input.name, "index", shape, seed, high=sizes[high] if isinstance(high, str) else high))
+        else:
+            scale = draw(magnitudes(dtype=dtype, extreme=extreme), label=f"{spec_input.name} scale")
+            recipes.append(ArgRecipe(spec_input.name, "tensor", shape, seed, domain=spec_input.domain, scale=scale))  # type: ignore[union-attr]
+
+    differentiable = [i.name for i in spec.differentiable_inputs]
+    if requires_grad == "all":
+        wanted = frozenset(differentiable)
+    else:
+        wanted = frozenset(draw(st.lists(st.sampled_from(differentiable), unique=True), label="requires_grad")) if differentiable else frozenset()
+    grad_seed = draw(value_seeds(), label="grad_output seed")
+    return Case(
+        spec=spec, device=device, dtype=dtype, sizes=sizes, batches=batches,
+        recipes=tuple(recipes), requires_grad=wanted, grad_seed=grad_seed,
+    )

@@ -18,6 +18,9 @@ from hypothesis.errors import InvalidArgument
 
 from strategies.dims import batch_shapes, dim_sizes
 from strategies.values import (
+    GRAD_OUTPUT_KINDS,
+    MASK_KINDS,
+    grad_output_from_seed,
     index_from_seed,
     magnitudes,
     mask_from_seed,
@@ -127,6 +130,7 @@ class Case:
     requires_grad: frozenset[str]
     grad_seed: int = 0
     grad_scale: float = 1.0
+    grad_kind: str = "random"
     notes: dict[str, Any] = field(default_factory=dict)
 
     def args(
@@ -153,8 +157,8 @@ class Case:
     def grad_outputs(self, outputs: Sequence[torch.Tensor], *, dtype: torch.dtype | None = None, device: str | None = None) -> tuple[torch.Tensor, ...]:
         """One grad_output per given output, from ``grad_seed`` (same values for every dtype)."""
         return tuple(
-            tensor_from_seed(
-                tuple(out.shape), dtype or out.dtype, seed=self.grad_seed + position,
+            grad_output_from_seed(
+                tuple(out.shape), dtype or out.dtype, seed=self.grad_seed + position, kind=self.grad_kind,
                 scale=self.grad_scale, device=device or str(out.device),
             )
             for position, out in enumerate(outputs)
@@ -185,7 +189,7 @@ class Case:
         fn = self.spec.fn
         lines = [
             "import torch",
-            "from strategies.values import tensor_from_seed, mask_from_seed, index_from_seed",
+            "from strategies.values import tensor_from_seed, mask_from_seed, index_from_seed, grad_output_from_seed",
             "from strategies.cases import apply_layout",
         ]
         module = sys.modules.get(fn.__module__)
@@ -205,8 +209,8 @@ class Case:
         lines.append(f"out = {fn.__qualname__}.apply({', '.join(names)})")
         lines.append("outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor) and o.requires_grad]")
         lines.append(
-            f"grads = [tensor_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
-            f"scale={self.grad_scale!r}, device={self.device!r}) for i, o in enumerate(outs)]"
+            f"grads = [grad_output_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
+            f"kind={self.grad_kind!r}, scale={self.grad_scale!r}, device={self.device!r}) for i, o in enumerate(outs)]"
         )
         lines.append("torch.autograd.backward(outs, grads)")
         return "\n".join(lines)
@@ -272,6 +276,11 @@ def cases(
     block_sizes: Sequence[int] = (16,),
     extreme: bool = False,
     requires_grad: str = "all",
+    layouts: Sequence[str] = ("contiguous",),
+    mask_kinds: Sequence[str] = ("random", "all_true", "padding"),
+    constant_rows: bool = False,
+    broadcast: bool = False,
+    grad_output_kinds: Sequence[str] = ("random",),
 ) -> Case:
     """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
 
@@ -282,6 +291,11 @@ def cases(
     min_size / max_size / block_sizes: passed to :func:`strategies.dims.dim_sizes`.
     extreme: draw value magnitudes up towards the dtype's range.
     requires_grad: ``"all"`` (every differentiable input) or ``"subsets"`` (any subset).
+    layouts: memory layouts to draw per tensor input (see :func:`apply_layout`).
+    mask_kinds: kinds to draw per Mask input (see :func:`strategies.values.mask_from_seed`).
+    constant_rows: sometimes make a tensor's last-dim rows constant (ties, zero variance).
+    broadcast: give ``broadcastable=True`` inputs size-1 dims and dropped leading dims.
+    grad_output_kinds: kinds to draw for grad_outputs (see :func:`grad_output_from_seed`).
     Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1.
     Example: ``cases(spec, device="cpu").example()``.
     """
@@ -289,6 +303,14 @@ def cases(
         raise InvalidArgument(f"requires_grad={requires_grad!r} must be 'all' or 'subsets'")
     if max_elements < 1:
         raise InvalidArgument(f"max_elements={max_elements!r} must be >= 1")
+    for given, allowed, what in (
+        (layouts, LAYOUTS, "layouts"),
+        (mask_kinds, MASK_KINDS, "mask_kinds"),
+        (grad_output_kinds, GRAD_OUTPUT_KINDS, "grad_output_kinds"),
+    ):
+        bad = [item for item in given if item not in allowed]
+        if bad or not given:
+            raise InvalidArgument(f"{what}={list(given)!r}: {bad or 'empty'}; choose from {allowed}")
     choices = tuple(dtypes) if dtypes is not None else spec.dtypes
     if not choices:
         raise InvalidArgument(f"dtypes={dtypes!r} is empty")
@@ -308,13 +330,23 @@ def cases(
         shape = shape_of(spec_input, sizes, batches)
         seed = draw(value_seeds(), label=f"{spec_input.name} seed")
         if spec_input.kind == "mask":
-            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind="random"))
+            kind = draw(st.sampled_from(tuple(mask_kinds)), label=f"{spec_input.name} mask kind")
+            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind=kind))
         elif spec_input.kind == "index":
             high = spec_input.high  # type: ignore[union-attr]
             recipes.append(ArgRecipe(spec_input.name, "index", shape, seed, high=sizes[high] if isinstance(high, str) else high))
         else:
+            if broadcast and spec_input.broadcastable:  # type: ignore[union-attr]
+                shape = draw(broadcast_forms(shape), label=f"{spec_input.name} broadcast shape")
             scale = draw(magnitudes(dtype=dtype, extreme=extreme), label=f"{spec_input.name} scale")
-            recipes.append(ArgRecipe(spec_input.name, "tensor", shape, seed, domain=spec_input.domain, scale=scale))  # type: ignore[union-attr]
+            constant = constant_rows and draw(st.booleans(), label=f"{spec_input.name} constant rows")
+            layout = draw(st.sampled_from(tuple(layouts)), label=f"{spec_input.name} layout")
+            recipes.append(
+                ArgRecipe(
+                    spec_input.name, "tensor", shape, seed, domain=spec_input.domain,  # type: ignore[union-attr]
+                    scale=scale, constant_rows=constant, layout=layout,
+                )
+            )
 
     differentiable = [i.name for i in spec.differentiable_inputs]
     if requires_grad == "all":
@@ -322,7 +354,22 @@ def cases(
     else:
         wanted = frozenset(draw(st.lists(st.sampled_from(differentiable), unique=True), label="requires_grad")) if differentiable else frozenset()
     grad_seed = draw(value_seeds(), label="grad_output seed")
+    grad_kind = draw(st.sampled_from(tuple(grad_output_kinds)), label="grad_output kind")
+    grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
     return Case(
         spec=spec, device=device, dtype=dtype, sizes=sizes, batches=batches,
         recipes=tuple(recipes), requires_grad=wanted, grad_seed=grad_seed,
+        grad_scale=grad_scale, grad_kind=grad_kind,
     )
+
+
+@st.composite
+def broadcast_forms(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shapes that broadcast to ``shape``: leading dims dropped, others set to 1.
+
+    shape: the full shape the result must broadcast to.
+    Shrinks towards ``shape`` itself. Example: ``broadcast_forms((2, 3, 4)).example() -> (1, 4)``.
+    """
+    dropped = draw(st.integers(min_value=0, max_value=len(shape)), label="leading dims dropped")
+    kept = shape[dropped:]
+    return tuple(1 if draw(st.booleans(), label=f"dim {i} -> 1") else size for i, size in enumerate(kept))

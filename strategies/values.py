@@ -149,3 +149,43 @@ def index_from_seed(
         raise InvalidArgument(f"high={high!r} must be >= 1")
     generator = torch.Generator().manual_seed(int(seed))
     return torch.randint(0, int(high), tuple(shape), generator=generator).to(device)
+
+
+GRAD_OUTPUT_KINDS = ("random", "zeros", "scaled", "per_row", "noncontiguous", "expanded")
+
+
+def grad_output_from_seed(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    seed: int,
+    kind: str = "random",
+    scale: float = 1.0,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """A grad_output of ``shape`` and ``kind``.
+
+    kinds: ``random`` / ``scaled`` (normal * scale), ``zeros``, ``per_row`` (each leading-dim row
+    scaled by a different power of ten), ``noncontiguous`` (random values in a transposed or
+    strided layout) and ``expanded`` (a stride-0 constant, as ``y.sum().backward()`` produces).
+    """
+    if kind not in GRAD_OUTPUT_KINDS:
+        raise InvalidArgument(f"kind={kind!r} must be one of {GRAD_OUTPUT_KINDS}")
+    shape = tuple(int(s) for s in shape)
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if kind == "expanded":
+        return torch.full((), scale, dtype=dtype, device=device).expand(shape)
+    values = tensor_from_seed(shape, torch.float64, seed=seed, scale=scale)
+    if kind == "per_row" and values.ndim >= 1 and shape[0] > 0:
+        generator = torch.Generator().manual_seed(int(seed) + 1)
+        exponents = torch.randint(-2, 3, (shape[0],), generator=generator).to(torch.float64)
+        values = values * (10.0**exponents).reshape((-1,) + (1,) * (values.ndim - 1))
+    values = values.to(dtype=dtype, device=device)
+    if kind == "noncontiguous" and values.ndim >= 1:
+        if values.ndim >= 2:
+            return values.transpose(-1, -2).contiguous().transpose(-1, -2)
+        wide = torch.zeros((shape[0] * 2,), dtype=dtype, device=device)
+        wide[::2] = values
+        return wide[::2]
+    return values

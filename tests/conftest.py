@@ -1,0 +1,107 @@
+"""Helpers for the suite's own tests: run the contract tests with pytester, read verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parent.parent
+CONFORMANCE_DIR = REPO / "conformance"
+ZOO = Path(__file__).resolve().parent / "zoo"
+
+
+@dataclass
+class Verdict:
+    outcome: str  # "passed" | "failed" | "skipped"
+    text: str  # the failure (or skip) report, "" when passed
+
+
+@dataclass
+class ConformanceRun:
+    """Verdicts of one in-process ``pytest conformance`` run, keyed by (contract, name, device)."""
+
+    result: pytest.RunResult
+    verdicts: dict[tuple[str, str, str], Verdict]
+
+    def verdict(self, contract: str, name: str, device: str = "cpu") -> Verdict:
+        key = (contract, name, device)
+        if key not in self.verdicts:
+            raise KeyError(f"no test for {key}; collected: {sorted(self.verdicts)}")
+        return self.verdicts[key]
+
+    def outcome(self, contract: str, name: str, device: str = "cpu") -> str:
+        return self.verdict(contract, name, device).outcome
+
+    def failed(self, contract: str, name: str, device: str = "cpu") -> str:
+        """The failure text; fails the calling test when the contract did not fail."""
+        __tracebackhide__ = True
+        verdict = self.verdict(contract, name, device)
+        assert verdict.outcome == "failed", f"{contract}[{name}-{device}] {verdict.outcome}, but should have failed"
+        return verdict.text
+
+    def passed(self, contract: str, name: str, device: str = "cpu") -> None:
+        __tracebackhide__ = True
+        verdict = self.verdict(contract, name, device)
+        assert verdict.outcome == "passed", (
+            f"{contract}[{name}-{device}] {verdict.outcome}, but should have passed:\n{verdict.text}"
+        )
+
+    def names(self) -> set[str]:
+        return {name for _, name, _ in self.verdicts}
+
+
+_cache: dict[tuple[str, ...], ConformanceRun] = {}
+
+
+def run_conformance(
+    pytester: pytest.Pytester,
+    impl: str | Path,
+    *extra: str,
+    contracts: Sequence[str] = (),
+    max_examples: int = 5,
+    cache: bool = True,
+) -> ConformanceRun:
+    """Run the contract tests in-process against ``impl``; cached per argument set."""
+    args = [
+        str(CONFORMANCE_DIR),
+        f"--impl={impl}",
+        "--device=cpu",
+        f"--max-examples={max_examples}",
+        "-p",
+        "no:cacheprovider",
+        *extra,
+    ]
+    if contracts:
+        args.append(f"--contracts={','.join(contracts)}")
+    key = tuple(args)
+    if cache and key in _cache:
+        return _cache[key]
+    result = pytester.runpytest_inprocess(*args)
+    verdicts: dict[tuple[str, str, str], Verdict] = {}
+    for report in result.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
+        if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+            continue
+        function, _, param = report.nodeid.rpartition("::")[2].partition("[")
+        name, _, device = param.rstrip("]").rpartition("-")
+        contract = function.removeprefix("test_")
+        text = str(report.longrepr) if report.longrepr else ""
+        verdicts[(contract, name, device)] = Verdict(report.outcome, text)
+    run = ConformanceRun(result, verdicts)
+    if cache:
+        _cache[key] = run
+    return run
+
+
+@pytest.fixture
+def conformance_run(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
+    """``conformance_run(impl, *extra, contracts=..., max_examples=...)`` -> :class:`ConformanceRun`."""
+
+    def run(impl: str | Path, *extra: str, **kwargs):  # type: ignore[no-untyped-def]
+        return run_conformance(pytester, impl, *extra, **kwargs)
+
+    return run

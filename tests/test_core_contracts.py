@@ -1,0 +1,61 @@
+"""The core contracts catch the known-buggy Functions in tests/zoo/core_bugs.py, with messages
+that say why, and pass the correct reference ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ZOO
+
+CORE = ("return_count", "grad_meta", "gradcheck")
+
+
+@pytest.fixture
+def core_bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "core_bugs.py", contracts=CORE)
+
+
+def test_reference_ops_pass_core_contracts(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops", contracts=CORE)
+    assert {"square", "sigmoid", "linear", "logsumexp", "swish"} <= run.names()
+    for (contract, name, device), verdict in run.verdicts.items():
+        assert verdict.outcome == "passed", f"{contract}[{name}-{device}]:\n{verdict.text}"
+
+
+def test_too_few_grads_fails_return_count(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("return_count", "too_few_grads")
+    assert "len(backward return)=1, but should be 2" in text
+    assert "['scale'] is missing" in text
+
+
+def test_extra_grad_fails_return_count(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("return_count", "extra_grad")
+    assert "len(backward return)=2, but should be 1" in text
+    assert "not None" in text
+
+
+def test_unreduced_bias_fails_grad_meta_but_gradcheck_passes(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("grad_meta", "unreduced_bias_grad")
+    assert "grad['bias'].shape=(" in text and "unreduced over broadcast dims" in text
+    core_bugs.passed("gradcheck", "unreduced_bias_grad")  # the engine's silent sum hides it
+
+
+def test_wrong_dtype_fails_grad_meta_but_gradcheck_passes(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("grad_meta", "wrong_dtype_grad")
+    assert "grad['x'].dtype=torch.float32, but should be torch.float64" in text
+    core_bugs.passed("gradcheck", "wrong_dtype_grad")  # the engine's silent cast hides it
+
+
+def test_missing_transpose_fails_gradcheck(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("gradcheck", "missing_transpose")
+    assert "analytical grad['weight'] != numerical" in text
+    core_bugs.passed("grad_meta", "missing_transpose")
+    core_bugs.passed("return_count", "missing_transpose")
+
+
+def test_failure_report_carries_repro_and_rerun(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = core_bugs.failed("grad_meta", "wrong_dtype_grad")
+    assert "[grad_meta] WrongDtypeGrad ('wrong_dtype_grad')" in text
+    assert "repro:" in text and "import_path(" in text
+    assert "rerun: pytest" in text and "--seed=0" in text
+    assert "Draw 1 (case)" in text  # Hypothesis's own falsifying example stays in the report

@@ -11,7 +11,7 @@ import torch
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
-__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "run_reference"]
+__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "forward_args", "run_reference"]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -24,6 +24,20 @@ def differentiable_positions(outputs: Sequence[Any]) -> list[int]:
         position
         for position, out in enumerate(outputs)
         if isinstance(out, torch.Tensor) and out.requires_grad and (out.is_floating_point() or out.is_complex())
+    ]
+
+
+def forward_args(case: Case, args: Sequence[Any]) -> list[Any]:
+    """``args`` as passed to forward: inputs the spec declares in ``mutates`` become clones.
+
+    A leaf that requires grad cannot be modified in place (autograd refuses ``mark_dirty`` on
+    it), and the caller's tensors must keep their values; ``x.clone()`` is a non-leaf whose
+    gradient flows back to the leaf, exactly how an in-place op is used inside a model.
+    """
+    mutated = set(case.spec.mutates)
+    return [
+        arg.clone() if recipe.name in mutated and isinstance(arg, torch.Tensor) else arg
+        for recipe, arg in zip(case.recipes, args)
     ]
 
 
@@ -69,7 +83,7 @@ def execute(
     """
     probed, recorder = probe(fn or case.spec.fn)
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
-    outputs = as_tuple(probed.apply(*args))
+    outputs = as_tuple(probed.apply(*forward_args(case, args)))
     execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder)
     execution.diff_positions = differentiable_positions(outputs)
     if not backward:

@@ -189,6 +189,7 @@ class Spec:
     nondeterministic: bool
     tolerances: Mapping[torch.dtype, Mapping[str, float]] = field(default_factory=dict)
     origin: str = "__main__"
+    source_file: str = ""
 
     @property
     def tensor_inputs(self) -> tuple[Tensor, ...]:
@@ -289,8 +290,10 @@ def register(
     )
     for existing in _REGISTRY:
         if existing.name == spec.name:
-            if existing.fn is fn and existing.origin == origin:
-                _REGISTRY.remove(existing)  # the same module imported again: replace
+            if existing.fn is fn or (
+                existing.fn.__qualname__ == fn.__qualname__ and existing.source_file == spec.source_file != ""
+            ):
+                _REGISTRY.remove(existing)  # the same file imported again (by path or name): replace
                 break
             raise SpecError(
                 spec.name,
@@ -453,7 +456,15 @@ def _build_spec(
         nondeterministic=nondeterministic,
         tolerances={dtype: dict(ks) for dtype, ks in tolerances.items()},
         origin=origin,
+        source_file=_source_file(fn),
     )
+
+
+def _source_file(fn: type) -> str:
+    try:
+        return inspect.getsourcefile(fn) or ""
+    except TypeError:
+        return ""
 
 
 def _check_domain(domain: Any, fail: Callable[[str, str], SpecError], where: str) -> None:

@@ -17,7 +17,7 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import as_tuple, execute, run_reference
+from conformance.harness import as_tuple, execute, forward_args, run_reference
 from conformance.report import fail
 from conformance.runner import Target
 
@@ -45,7 +45,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
         full = list(args)
         for position, tensor in zip(wrt_positions, wrt):
             full[position] = tensor
-        return as_tuple(fn.apply(*full))
+        return as_tuple(fn.apply(*forward_args(case, full)))  # declared in-place inputs: clones
 
     wrt_tensors = tuple(args[i] for i in wrt_positions)
     with torch.no_grad():

@@ -1,0 +1,179 @@
+"""Contract needs_input_grad: backward honours ``ctx.needs_input_grad`` for every requires_grad subset.
+
+For each subset of the differentiable inputs (the drawn one first; every subset when there are
+at most ``EXHAUSTIVE_INPUTS`` of them, so a swapped index is found on any seed):
+
+* with no input requiring grad, forward still works and returns outputs without grad;
+* backward returns None for every tensor input whose ``needs_input_grad`` is False -- the
+  engine silently drops such a gradient, so computing it is invisible wasted work;
+* every needed gradient is returned (not None) and equals the one the same backward returns
+  when every input requires grad (same inputs, same dtype, same grad_outputs, same RNG seed).
+
+Checked on what backward returned (the probe's raw record), not on what the engine passes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import Execution, execute
+from conformance.report import describe_value, fail
+from conformance.runner import Target
+from strategies.cases import Case
+
+# Subsets are enumerated exhaustively up to this many differentiable inputs (2**4 runs).
+EXHAUSTIVE_INPUTS = 4
+
+# Both runs use the same inputs, dtype and grad_outputs, so a correct backward gives identical
+# gradients unless it takes another code path (a fused kernel computing several gradients at
+# once, another summation order). These relative budgets, scaled by max|expected|, allow a few
+# hundred rounding steps of such reordering and nothing a real bug produces.
+RELATIVE_TOLERANCE = {
+    torch.float64: 1e-7,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+
+
+def _rng_devices(device: str) -> list[int]:
+    dev = torch.device(device)
+    return [dev.index or 0] if dev.type == "cuda" else []
+
+
+def _run(case: Case, subset: frozenset[str]) -> Execution:
+    """Forward and backward with ``subset`` requiring grad, under a fixed RNG seed.
+
+    The seed makes Functions that draw random numbers (dropout masks) draw the same ones in
+    every run, so their gradients are comparable across subsets.
+    """
+    with torch.random.fork_rng(devices=_rng_devices(case.device)):
+        torch.manual_seed(case.grad_seed)
+        return execute(case, requires_grad=subset)
+
+
+def _subsets(case: Case) -> list[frozenset[str]]:
+    names = [i.name for i in case.spec.differentiable_inputs]
+    ordered = [case.requires_grad]
+    if len(names) <= EXHAUSTIVE_INPUTS:
+        for size in range(len(names) + 1):
+            ordered.extend(frozenset(c) for c in itertools.combinations(names, size))
+    else:  # too many to enumerate: the empty set and each input alone, where index bugs show
+        ordered.append(frozenset())
+        ordered.extend(frozenset([n]) for n in names)
+    unique: list[frozenset[str]] = []
+    for subset in ordered:
+        if subset not in unique:
+            unique.append(subset)
+    return unique
+
+
+def _tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
+    rtol = RELATIVE_TOLERANCE.get(dtype, 1e-4)
+    finite = expected.detach()[torch.isfinite(expected.detach())]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return rtol, rtol * (scale if scale > 0.0 else 1.0)
+
+
+def _check_no_grad_forward(target: Target, case: Case, execution: Execution) -> None:
+    fn_name = target.spec.fn.__qualname__
+    for position, out in enumerate(execution.outputs):
+        if isinstance(out, torch.Tensor) and (out.requires_grad or out.grad_fn is not None):
+            fail(
+                f"output[{position}].requires_grad=True, but should be False [{fn_name}.forward, no input requires grad]",
+                "With no input requiring grad, apply() must return plain tensors; an output attached to a "
+                "graph here means forward built one itself (e.g. it called a differentiable op under "
+                "torch.enable_grad(), or returned a global tensor that requires grad).",
+            )
+
+
+def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
+    drawn = target.draw_case(data, requires_grad="subsets")
+    everything = frozenset(i.name for i in target.spec.differentiable_inputs)
+    full = _run(drawn, everything)
+    if full.backward_error is not None or not full.recorder.calls:
+        return  # a backward that fails outright is the other contracts' finding
+    full_raw = full.recorder.last.raw
+    if full_raw is None or len(full_raw) < len(drawn.recipes):
+        return  # a wrong return count is return_count's finding
+    # Clone: a later run must not be able to change the baseline.
+    expected: dict[str, Any] = {
+        r.name: g.detach().clone() if isinstance(g, torch.Tensor) else g for r, g in zip(drawn.recipes, full_raw)
+    }
+    for subset in _subsets(drawn):
+        case = replace(drawn, requires_grad=subset)
+        if target.context is not None:
+            target.context.case = case  # the report and repro show the subset that failed
+        _check_subset(target, case, expected)
+    if target.context is not None:
+        target.context.case = drawn
+
+
+def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
+    execution = _run(case, case.requires_grad)
+    if not case.requires_grad:
+        _check_no_grad_forward(target, case, execution)
+        return
+    if not execution.recorder.calls:
+        if execution.backward_error is not None:
+            raise execution.backward_error
+        return  # no differentiable output reached: nothing to check
+    call = execution.recorder.last
+    if call.raw is None:
+        raise call.error or AssertionError("backward neither returned nor raised")
+    if len(call.raw) < len(case.recipes):
+        return  # return_count's finding
+    fn_name = target.spec.fn.__qualname__
+    needs = call.needs_input_grad
+    returned = ", ".join(describe_value(v) for v in call.raw)
+    requiring = sorted(case.requires_grad)
+    for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
+        if recipe.kind != "tensor":
+            continue  # gradients for non-tensor inputs are return_count's finding
+        needed = position < len(needs) and needs[position]
+        where = f"{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}"
+        if needed and grad is None and isinstance(expected.get(recipe.name), torch.Tensor):
+            fail(
+                f"grad[{recipe.name!r}]=None, but should be a Tensor [{where}]",
+                f"ctx.needs_input_grad={needs} says {recipe.name!r} (position {position}) needs a gradient, "
+                f"but backward returned ({returned}); with every input requiring grad it returns one.",
+                "A gradient that exists only in some requires_grad combinations usually means "
+                "needs_input_grad is read at the wrong index.",
+            )
+        if not needed and grad is not None:
+            fail(
+                f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
+                f"ctx.needs_input_grad={needs}: {recipe.name!r} (position {position}) needs no gradient, "
+                f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
+                f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise.",
+            )
+    for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
+        want = expected.get(recipe.name)
+        if recipe.kind != "tensor" or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
+            continue
+        if tuple(grad.shape) != tuple(want.shape):
+            fail(
+                f"grad[{recipe.name!r}].shape={tuple(grad.shape)}, but should be {tuple(want.shape)} as with "
+                f"every input requiring grad [{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}]"
+            )
+        rtol, atol = _tolerance(case.dtype, want)
+        try:
+            torch.testing.assert_close(grad.detach(), want, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False, check_device=False)
+        except AssertionError as error:
+            fail(
+                f"grad[{recipe.name!r}] with requires_grad {requiring} != grad[{recipe.name!r}] with every input "
+                f"requiring grad [{fn_name}.backward, {case.dtype}]",
+                "The same inputs and grad_outputs must give the same gradient whatever else requires grad.",
+                str(error),
+            )
+    if execution.backward_error is not None:
+        raise execution.backward_error
+
+
+def test_needs_input_grad(conformance_target: Target) -> None:
+    conformance_target.run(check_needs_input_grad)

@@ -1,0 +1,44 @@
+"""gradcheck's fast mode scales atol by sum(u) * sum(v): the default atol misses a backward 5% off
+on a few thousand elements; the contract's FAST_ATOL catches it without failing correct ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.test_gradcheck import FAST_ATOL, FAST_MODE_ELEMENTS, FAST_RTOL
+from tests.conftest import ZOO
+from tests.zoo.gradcheck_bugs import FivePercentOffSquare
+
+
+class ExactSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad_output
+
+
+def _fast_gradcheck(fn: Any, x: torch.Tensor, **tolerances: float) -> bool:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return torch.autograd.gradcheck(fn.apply, (x,), fast_mode=True, raise_exception=False, **tolerances)
+
+
+def test_default_fast_mode_misses_five_percent_but_contract_tolerance_catches_it() -> None:
+    x = torch.randn(40, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    assert x.numel() > FAST_MODE_ELEMENTS
+    assert _fast_gradcheck(FivePercentOffSquare, x)  # torch's defaults: passes a wrong backward
+    assert not _fast_gradcheck(FivePercentOffSquare, x, atol=FAST_ATOL, rtol=FAST_RTOL)
+    assert _fast_gradcheck(ExactSquare, x, atol=FAST_ATOL, rtol=FAST_RTOL)
+
+
+def test_gradcheck_contract_catches_five_percent_in_fast_mode(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "gradcheck_bugs.py", contracts=("gradcheck",), max_examples=3)
+    text = run.failed("gradcheck", "five_percent_off")
+    assert "fast mode, atol=1e-08" in text and "analytical grad['x'] != numerical" in text

@@ -1,0 +1,97 @@
+"""The plugin: options, activation, collection ids, external modules, determinism."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
+
+CORE = "--contracts=return_count,grad_meta,gradcheck"
+
+
+def test_inert_in_an_unrelated_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_user=textwrap.dedent(
+            """
+            import sys
+            from hypothesis import given, settings, strategies as st
+
+            def test_nothing_imported():
+                assert "reference_ops" not in sys.modules
+
+            @given(st.integers())
+            def test_hypothesis_defaults_untouched(n):
+                assert settings.default.max_examples == 100
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "Functions registered" not in result.stdout.str()
+
+
+def test_help_documents_the_options(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess("--help")
+    text = result.stdout.str()
+    for option in ("--impl=MODULES", "--device=DEVICE", "--max-examples=N", "--profile=NAME", "--seed=N", "--contracts=NAMES"):
+        assert option in text
+    assert "conformance_impl" in text  # the ini key
+
+
+def test_ids_header_and_cuda_skips(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR / "test_grad_meta.py"), "--max-examples=2", "-p", "no:cacheprovider", "-rs", "-v"
+    )
+    text = result.stdout.str()
+    assert "test_grad_meta[square-cpu] PASSED" in text
+    assert "autograd-conformance: " in text and "Functions registered from --impl=reference_ops" in text
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "test_grad_meta[square-cuda] SKIPPED" in text
+        assert "CUDA is not available on this machine" in text
+
+
+def test_external_module_by_name(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ZOO))
+    run = run_conformance(pytester, "correct_module", CORE, cache=False)
+    assert run.names() == {"scaled_tanh"}
+    for contract in ("return_count", "grad_meta", "gradcheck"):
+        run.passed(contract, "scaled_tanh")
+
+
+def test_external_file_by_path_and_ini_key(pytester: pytest.Pytester) -> None:
+    pytester.makeini(f"[pytest]\nconformance_impl = {ZOO / 'correct_module.py'}\nconformance_max_examples = 3\n")
+    result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), "--device=cpu", CORE, "-c", str(pytester.path / "tox.ini"))
+    result.assert_outcomes(passed=3)
+
+
+def test_contract_selection(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), "--device=cpu", "--max-examples=2", "--contracts=grad_meta", "-p", "no:cacheprovider"
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] >= 5 and outcomes["deselected"] > 0
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR / "test_grad_meta.py"), "--device=cpu", "--max-examples=2", "--skip-contracts=grad_meta",
+        "-p", "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def _verdicts(result: pytest.RunResult) -> list[str]:
+    return sorted(line.split(" ")[0] + " " + line.split(" ")[1] for line in result.outlines if line.startswith(("PASSED", "FAILED")))
+
+
+def test_same_seed_same_verdicts_serial_and_xdist(pytester: pytest.Pytester) -> None:
+    args = [str(CONFORMANCE_DIR), f"--impl={ZOO / 'core_bugs.py'}", "--device=cpu", "--max-examples=4", CORE, "-p", "no:cacheprovider", "-rA"]
+    serial = pytester.runpytest_subprocess(*args, "--seed=7")
+    parallel = pytester.runpytest_subprocess(*args, "--seed=7", "-n", "2")
+    assert _verdicts(serial) and _verdicts(serial) == _verdicts(parallel)
+    # The falsifying example is a function of the seed: identical reports both ways.
+    def falsifying(result: pytest.RunResult) -> list[str]:
+        return sorted(line for line in result.outlines if "Draw 1 (case)" in line)
+
+    assert falsifying(serial) == falsifying(parallel) != []

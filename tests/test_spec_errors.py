@@ -1,0 +1,176 @@
+"""A spec that cannot work fails at registration with one error naming the spec and the field,
+and ``pytest conformance --impl=bad_spec.py`` stops with that one error and no traceback."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from conformance import Index, Mask, Scalar, SpecError, Tensor, register
+from conformance.spec import parse_shape
+from tests.conftest import CONFORMANCE_DIR
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad_output * 2, grad_output
+
+
+def ok_inputs() -> list[Any]:
+    return [Tensor("x", "n"), Tensor("y", "n")]
+
+
+def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2 + y
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "phrase"),
+    [
+        ({"inputs": [Tensor("x", "n")]}, "inputs", "forward takes 2 arguments after ctx, but the spec lists 1"),
+        ({"inputs": [Tensor("x", "n"), Tensor("x", "n")]}, "inputs[1].name", "duplicate argument name 'x'"),
+        ({"inputs": [Tensor("x", "n", domain="negative"), Tensor("y", "n")]}, "inputs[0].domain", "unknown domain 'negative'"),
+        ({"inputs": [Tensor("x", "n", domain=(1.0, 0.0)), Tensor("y", "n")]}, "inputs[0].domain", "low < high"),
+        ({"reference": "x * 2"}, "reference", "is not callable"),
+        ({"reference": lambda x: x}, "reference", "takes 1..1 positional arguments, but the spec lists 2"),
+        ({"dtypes": (torch.float32, torch.int64)}, "dtypes", "torch.int64 is not a floating-point torch.dtype"),
+        ({"dtypes": ()}, "dtypes", "non-empty"),
+        ({"inputs": [Tensor("x", "n *batch"), Tensor("y", "n")]}, "inputs[0].shape", "'*batch' must be the first token"),
+        ({"inputs": [Tensor("x", "n 0"), Tensor("y", "n")]}, "inputs[0].shape", "must be >= 1"),
+        ({"inputs": [Tensor("x", "n d-1"), Tensor("y", "n")]}, "inputs[0].shape", "token 'd-1'"),
+        ({"devices": ("cpu", "tpu")}, "devices", "'tpu' is not one of"),
+        ({"mutates": ("z",)}, "mutates", "'z' is not the name of a Tensor input"),
+        ({"mutates": "x"}, "mutates", "got the string 'x'"),
+        ({"double_backward": "no"}, "double_backward", "must be True or False"),
+        ({"surrogate": 3}, "surrogate", "is not callable"),
+        ({"name": "has space"}, "name", "must be a non-empty string"),
+        ({"tolerances": {torch.float16: {"grad": 4}}}, "tolerances", "not one of the spec's dtypes"),
+        ({"tolerances": {torch.float32: {"grad": 1e6}}}, "tolerances", "must be a number in (0, 64"),
+        ({"tolerances": {torch.float32: {"gradient": 4}}}, "tolerances", "key 'gradient'"),
+        ({"inputs": [Tensor("x", "n"), "y"]}, "inputs[1]", "is not a Tensor, Scalar, Mask or Index"),
+        ({"inputs": [Tensor("x", "n"), Index("y", "n", high=0)]}, "inputs[1].high", "positive int"),
+    ],
+)
+def test_bad_spec_names_the_field(overrides: dict[str, Any], field: str, phrase: str) -> None:
+    kwargs: dict[str, Any] = {"inputs": ok_inputs(), "reference": reference, "name": "bad_double"}
+    kwargs.update(overrides)
+    with pytest.raises(SpecError) as excinfo:
+        register(Double, **kwargs)
+    error = excinfo.value
+    assert error.field_name == field
+    assert phrase in str(error), str(error)
+    assert str(error).startswith(f"conformance spec {kwargs['name']!r}, field {field!r}: ")
+
+
+def test_not_a_function_class() -> None:
+    with pytest.raises(SpecError, match="field 'fn'.*not a torch.autograd.Function subclass"):
+        register(lambda x: x, inputs=[Tensor("x", "n")], reference=lambda x: x, name="lam")  # type: ignore[arg-type]
+
+
+def test_duplicate_name_from_another_function() -> None:
+    class Other(Double):
+        pass
+
+    register(Double, inputs=ok_inputs(), reference=reference, name="dup_name_probe")
+    with pytest.raises(SpecError, match="field 'name': already registered for"):
+        register(Other, inputs=ok_inputs(), reference=reference, name="dup_name_probe")
+
+
+def test_good_spec_is_accepted_with_every_input_kind() -> None:
+    class Mixed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+            return grad_output, None, None, None
+
+    register(
+        Mixed,
+        name="mixed_kinds_probe",
+        inputs=[
+            Tensor("x", "*batch n c", domain=(0.0, 1.0)),
+            Mask("mask", "*batch n c"),
+            Index("target", "*batch n", high="c"),
+            Scalar("eps", st.floats(1e-6, 1e-3)),
+        ],
+        reference=lambda x, mask, target, eps: x,
+    )
+
+
+def test_parse_shape() -> None:
+    parsed = parse_shape("*batch n 3 d")
+    assert parsed.batch == "batch"
+    assert parsed.dims == ("n", 3, "d")
+    assert parse_shape("").dims == ()
+
+
+BAD_SPEC_FILE = textwrap.dedent(
+    """
+    import torch
+    from conformance import Tensor, register
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return 2 * x + y
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g, g
+
+    register(Twice, name="twice", inputs=[Tensor("x", "n")], reference=lambda x: 2 * x)
+    """
+)
+
+
+def test_bad_spec_stops_collection_with_one_clear_error(pytester: pytest.Pytester) -> None:
+    path = pytester.makepyfile(bad_spec_for_collection=BAD_SPEC_FILE)
+    result = pytester.runpytest_subprocess(str(CONFORMANCE_DIR), f"--impl={path}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert errors == [
+        "ERROR: conformance spec 'twice', field 'inputs': Twice.forward takes 2 arguments after ctx, "
+        "but the spec lists 1: ['x']"
+    ], result.errlines
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("impl", "phrase"),
+    [
+        ("no_such_module_xyz", "--impl=no_such_module_xyz: cannot import it (ModuleNotFoundError"),
+        ("missing/file.py", "--impl=missing/file.py: no such file"),
+        ("json", "--impl=json: importing it registered no Functions"),
+    ],
+)
+def test_bad_impl_is_a_usage_error(pytester: pytest.Pytester, impl: str, phrase: str) -> None:
+    result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), f"--impl={impl}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert phrase in result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("option", "phrase"),
+    [
+        ("--device=tpu", "--device='tpu' is not one of auto, cpu, cuda"),
+        ("--profile=fast", "--profile='fast' is not one of dev, ci, thorough"),
+        ("--max-examples=many", "--max-examples='many' is not an integer"),
+        ("--dtypes=float8", "--dtypes: unknown ['float8']"),
+        ("--contracts=gradchek", "--contracts: unknown contracts ['gradchek']"),
+    ],
+)
+def test_bad_option_is_a_usage_error_that_says_how_to_fix_it(pytester: pytest.Pytester, option: str, phrase: str) -> None:
+    result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), option, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert phrase in result.stderr.str()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conformance.loader import ImplError, load_impls
+from conformance.outcomes import Expectations, OutcomeMatrix, test_key
 from conformance.runner import PROFILES, RunOptions, Target
 from conformance.spec import Spec, SpecError
 
@@ -36,7 +37,8 @@ class _State:
         self.specs: list[Spec] | None = None
         self.options: RunOptions | None = None
         self.devices: tuple[str, ...] = ()
-        self.load_error: Exception | None = None
+        self.expectations: Expectations | None = None
+        self.matrix = OutcomeMatrix()
 
 
 # ------------------------------------------------------------------------ options
@@ -91,6 +93,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "conformance_contracts",
         "comma-separated contracts to run (e.g. gradcheck,grad_meta); default all",
         metavar="NAMES",
+    )
+    option(
+        "--expectations",
+        "conformance_expectations",
+        "JSON file of known deviations {\"contract[name-device]\": \"reason\"}: those tests xfail "
+        "with the reason; entries that match nothing or pass are reported as stale",
+        metavar="FILE",
+    )
+    option(
+        "--conformance-report",
+        "conformance_report",
+        "write PATH.json and PATH.md: the matrix of Functions x contracts with outcomes",
+        metavar="PATH",
     )
     option(
         "--skip-contracts",
@@ -200,7 +215,7 @@ def pytest_configure(config: pytest.Config) -> None:
     explicit_impl = config.getoption("conformance_impl", default=None) is not None
     if not (explicit_impl or _targets_this_package(config)):
         return  # inert: options are parsed lazily if contract tests are collected anyway
-    state.options, state.devices = _read_options(config)
+    _ensure_options(config)
     _load(config)
 
 
@@ -208,6 +223,10 @@ def _ensure_options(config: pytest.Config) -> _State:
     state = config.stash[_state_key]
     if state.options is None:
         state.options, state.devices = _read_options(config)
+    if state.expectations is None:
+        path = _setting(config, "conformance_expectations")
+        if path:
+            state.expectations = Expectations.load(path)
     return state
 
 
@@ -263,10 +282,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(CONTRACT_FIXTURE, params, indirect=True)
 
 
+def _item_key(item: pytest.Item) -> tuple[str, str] | None:
+    """(contract, param id) of a contract test item, else None."""
+    if CONTRACT_FIXTURE not in getattr(item, "fixturenames", ()):
+        return None
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    return _contract_name(getattr(item, "originalname", item.name)), callspec.id
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     state = config.stash.get(_state_key, None)
     if state is None or state.options is None:
         return
+    if state.expectations is not None:
+        for item in items:
+            key = _item_key(item)
+            reason = state.expectations.reason_for(test_key(*key)) if key else None
+            if reason is not None:
+                item.add_marker(pytest.mark.xfail(reason=f"expected deviation: {reason}", strict=False))
     wanted = set(_list_setting(config, "conformance_contracts"))
     unwanted = set(_list_setting(config, "conformance_skip_contracts"))
     if not wanted and not unwanted:
@@ -297,3 +332,52 @@ def conformance_target(request: pytest.FixtureRequest) -> Target:
         options=state.options,
         nodeid=request.node.nodeid,
     )
+
+
+# ------------------------------------------------------------------------ outcomes
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    state = config.stash.get(_state_key, None)
+    if state is None or state.options is None or "::test_" not in report.nodeid or "[" not in report.nodeid:
+        return
+    function, _, param = report.nodeid.rpartition("::")[2].partition("[")
+    if report.when != "call" and report.passed:
+        return
+    outcome = report.outcome
+    if hasattr(report, "wasxfail"):
+        outcome = "xfailed" if report.skipped else "xpassed"
+    elif report.when != "call" and report.failed:
+        outcome = "error"
+    key = (_contract_name(function), param.rstrip("]"))
+    state.matrix.record(key[0], key[1], outcome)
+    if outcome == "xpassed" and state.expectations is not None:
+        state.expectations.passed_anyway.add(test_key(*key))
+
+
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG["config"] = session.config
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_state_key, None)
+    if state is None or state.options is None or hasattr(config, "workerinput"):
+        return
+    if state.expectations is not None:
+        stale = state.expectations.stale()
+        if stale:
+            terminalreporter.section("autograd-conformance: stale expectations")
+            for line in stale:
+                terminalreporter.write_line(f"{state.expectations.path}: {line}")
+    path = _setting(config, "conformance_report")
+    if path and state.matrix.outcomes:
+        header = pytest_report_header(config) or []
+        json_path, md_path = state.matrix.write(path, header)
+        terminalreporter.write_line(f"autograd-conformance: report written to {json_path} and {md_path}")

@@ -52,20 +52,6 @@ def _import_target(target: str) -> str:
         if not path.is_file():
             raise ImplError(f"--impl={target}: no such file {str(path)!r}")
         return import_path(path).__name__
-        # Let the file import its siblings, as `python path/to/file.py` would.
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImplError(f"--impl={target}: cannot import {str(path)!r} as a Python module")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return name
     importlib.import_module(target)
     return target
 

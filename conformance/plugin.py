@@ -325,13 +325,16 @@ def conformance_target(request: pytest.FixtureRequest) -> Target:
     spec, device = request.param
     state = _ensure_options(request.config)
     assert state.options is not None
-    return Target(
+    target = Target(
         spec=spec,
         device=device,
         contract=_contract_name(request.node.originalname),
         options=state.options,
         nodeid=request.node.nodeid,
     )
+    if not target.dtypes():
+        pytest.skip(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
+    return target
 
 
 # ------------------------------------------------------------------------ outcomes

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
-__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "forward_args", "run_reference"]
+__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "run_reference"]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -131,3 +132,21 @@ def run_reference(
         grad_outs = case.grad_outputs(diff_outputs)
     grads = torch.autograd.grad(diff_outputs, wrt, grad_outs, allow_unused=True)
     return outputs, dict(zip(wrt_names, grads))
+
+
+@contextlib.contextmanager
+def fixed_rng(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
+    """torch's global RNG forked and seeded with ``seed`` (CPU, plus the current CUDA device
+    when ``device`` is CUDA), restored afterwards.
+
+    Used to give a Function declared ``nondeterministic=True`` the same random numbers on every
+    call where a contract must compare calls (gradcheck's repeated forwards, layouts). Never used
+    by the determinism contract, which must see undeclared randomness.
+    """
+    cuda = torch.device(device).type == "cuda"
+    devices = [torch.cuda.current_device()] if cuda else []
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        if cuda:
+            torch.cuda.manual_seed(seed)
+        yield

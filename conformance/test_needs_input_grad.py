@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import Execution, execute
+from conformance.harness import Execution, execute, fixed_rng
 from conformance.report import describe_value, fail
 from conformance.runner import Target
 from strategies.cases import Case
@@ -41,19 +41,13 @@ RELATIVE_TOLERANCE = {
 }
 
 
-def _rng_devices(device: str) -> list[int]:
-    dev = torch.device(device)
-    return [dev.index or 0] if dev.type == "cuda" else []
-
-
 def _run(case: Case, subset: frozenset[str]) -> Execution:
     """Forward and backward with ``subset`` requiring grad, under a fixed RNG seed.
 
     The seed makes Functions that draw random numbers (dropout masks) draw the same ones in
     every run, so their gradients are comparable across subsets.
     """
-    with torch.random.fork_rng(devices=_rng_devices(case.device)):
-        torch.manual_seed(case.grad_seed)
+    with fixed_rng(case.grad_seed, case.device):
         return execute(case, requires_grad=subset)
 
 
@@ -152,7 +146,7 @@ def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
                 f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
                 f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise.",
             )
-    for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
+    for recipe, grad in zip(case.recipes, call.raw):
         want = expected.get(recipe.name)
         if recipe.kind != "tensor" or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
             continue

@@ -1,8 +1,28 @@
 """Correct reference Functions, registered with autograd-conformance.
 
-This is the default ``--impl``: importing the package registers every Function below.
+This is the default ``--impl``: importing the package registers every Function below, grouped
+by kind. Each module's docstring names the tutorial pattern (seed file and class) it shows.
+They are the suite's proof that it has no false positives: every contract must pass on them.
 """
 
-from reference_ops import elementwise, linalg, reductions
+from reference_ops import (
+    attention,
+    autograd_features,
+    elementwise,
+    estimators,
+    linalg,
+    normalization,
+    reductions,
+    triton,  # Triton kernels; registers nothing when Triton is not installed
+)
 
-__all__ = ["elementwise", "linalg", "reductions"]
+__all__ = [
+    "attention",
+    "autograd_features",
+    "elementwise",
+    "estimators",
+    "linalg",
+    "normalization",
+    "reductions",
+    "triton",
+]

@@ -16,13 +16,16 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from strategies.dims import batch_shapes, dim_sizes
+from strategies.dims import batch_shapes, broadcast_forms, dim_sizes
+from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
 from strategies.values import (
     GRAD_OUTPUT_KINDS,
     MASK_KINDS,
+    VALUE_PATTERNS,
     grad_output_from_seed,
     index_from_seed,
     magnitudes,
+    mask_densities,
     mask_from_seed,
     tensor_from_seed,
     value_seeds,
@@ -31,7 +34,7 @@ from strategies.values import (
 if TYPE_CHECKING:
     from conformance.spec import Spec
 
-__all__ = ["ArgRecipe", "Case", "cases", "fit_to_budget", "shape_of"]
+__all__ = ["LAYOUTS", "ArgRecipe", "Case", "apply_layout", "broadcast_forms", "cases", "fit_to_budget", "layouts", "shape_of"]
 
 
 @dataclass(frozen=True)
@@ -49,17 +52,19 @@ class ArgRecipe:
     high: int = 1
     value: Any = None
     layout: str = "contiguous"
+    density: float = 0.7
+    pattern: str = "random"
 
     def build(self, dtype: torch.dtype, device: str) -> Any:
         if self.kind == "scalar":
             return self.value
         if self.kind == "mask":
-            return mask_from_seed(self.shape, seed=self.seed, kind=self.mask_kind, device=device)
+            return mask_from_seed(self.shape, seed=self.seed, kind=self.mask_kind, density=self.density, device=device)
         if self.kind == "index":
             return index_from_seed(self.shape, seed=self.seed, high=self.high, device=device)
         tensor = tensor_from_seed(
             self.shape, dtype, seed=self.seed, domain=self.domain, scale=self.scale,
-            device=device, constant_rows=self.constant_rows,
+            device=device, constant_rows=self.constant_rows, pattern=self.pattern,
         )
         return apply_layout(tensor, self.layout)
 
@@ -68,10 +73,13 @@ class ArgRecipe:
         if self.kind == "scalar":
             return repr(self.value)
         if self.kind == "mask":
-            return f"mask_from_seed({self.shape!r}, seed={self.seed}, kind={self.mask_kind!r}, device={device!r})"
+            density = f", density={self.density!r}" if self.density != 0.7 else ""
+            return f"mask_from_seed({self.shape!r}, seed={self.seed}, kind={self.mask_kind!r}{density}, device={device!r})"
         if self.kind == "index":
             return f"index_from_seed({self.shape!r}, seed={self.seed}, high={self.high}, device={device!r})"
         extra = ", constant_rows=True" if self.constant_rows else ""
+        if self.pattern != "random":
+            extra += f", pattern={self.pattern!r}"
         text = (
             f"tensor_from_seed({self.shape!r}, {dtype}, seed={self.seed}, domain={self.domain!r}, "
             f"scale={self.scale!r}, device={device!r}{extra})"
@@ -81,7 +89,7 @@ class ArgRecipe:
         return text
 
 
-LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last")
+LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last", "permuted")
 
 
 def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
@@ -90,7 +98,9 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     ``transposed``: stored with the last two dims swapped; ``sliced``: every other element of a
     twice-as-long last dim; ``offset``: a view with a non-zero storage offset; ``expanded``: a
     stride-0 view (only when every last-dim row is constant, otherwise returned contiguous);
-    ``channels_last``: 4-d tensors in channels-last memory format.
+    ``channels_last``: 4-d tensors in channels-last memory format; ``permuted``: stored with
+    every dim reversed (differs from ``transposed`` from 3-d on). Layouts that do not apply to a
+    tensor (``transposed`` on 1-d, ``channels_last`` off 4-d) give it contiguous.
     """
     if layout not in LAYOUTS:
         raise InvalidArgument(f"layout={layout!r} must be one of {LAYOUTS}")
@@ -110,11 +120,50 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
         return flat[3:].view(tensor.shape)
     if layout == "expanded":
         if tensor.shape[-1] > 0 and bool((tensor == tensor[..., :1]).all()):
-            return tensor[..., :1].expand(tensor.shape)
+            # Own compact storage (as a broadcast bias has): storage-level reads cannot see full rows.
+            return tensor[..., :1].clone().expand(tensor.shape)
         return tensor.contiguous()
+    if layout == "permuted":
+        if tensor.ndim < 2:
+            return tensor.contiguous()
+        order = tuple(reversed(range(tensor.ndim)))
+        return tensor.permute(order).contiguous().permute(order)
     if tensor.ndim == 4:
         return tensor.contiguous(memory_format=torch.channels_last)
     return tensor.contiguous()
+
+
+def layouts(*, kinds: Sequence[str] = LAYOUTS, ndim: int | None = None, allow_expanded: bool = True) -> st.SearchStrategy[str]:
+    """Memory-layout names for :func:`apply_layout`.
+
+    kinds: the layouts to choose from (see :data:`LAYOUTS`).
+    ndim: when given, only layouts that really change a tensor of that many dims (``transposed``
+    and ``permuted`` need 2+, ``channels_last`` exactly 4, ``sliced``/``offset``/``expanded`` 1+).
+    allow_expanded: False drops ``expanded`` (stride-0 inputs are never fed to gradcheck, whose
+    finite differences would write through the shared element).
+    Shrinks towards the first kind (``contiguous`` by default).
+    Example: ``layouts(ndim=4).example() -> 'channels_last'``.
+    """
+    given = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in given if k not in LAYOUTS]
+    if bad:
+        raise InvalidArgument(f"kinds={list(given)!r}: {bad} not in {LAYOUTS}")
+    if ndim is not None and (isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0):
+        raise InvalidArgument(f"ndim={ndim!r} must be an int >= 0 or None")
+    chosen = [k for k in given if (allow_expanded or k != "expanded") and (ndim is None or _layout_applies(k, ndim))]
+    if not chosen:
+        raise InvalidArgument(f"no layout left from kinds={list(given)!r} with ndim={ndim!r}, allow_expanded={allow_expanded!r}")
+    return st.sampled_from(chosen)
+
+
+def _layout_applies(layout: str, ndim: int) -> bool:
+    if layout == "contiguous":
+        return True
+    if layout in ("transposed", "permuted"):
+        return ndim >= 2
+    if layout == "channels_last":
+        return ndim == 4
+    return ndim >= 1
 
 
 @dataclass(frozen=True, repr=False)
@@ -281,42 +330,63 @@ def cases(
     constant_rows: bool = False,
     broadcast: bool = False,
     grad_output_kinds: Sequence[str] = ("random",),
+    value_patterns: Sequence[str] = ("random",),
+    max_batch_dims: int = 2,
+    unique_dims: bool = False,
 ) -> Case:
     """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
 
     spec: the registered spec.
     device: the device the tensors are built on.
-    dtypes: the dtypes to choose from (default: the spec's).
-    max_elements: per-input element budget; larger drawn sizes are halved to fit.
-    min_size / max_size / block_sizes: passed to :func:`strategies.dims.dim_sizes`.
+    dtypes: the dtypes to choose from (default: the spec's that ``device`` supports, see :func:`dtypes_for`).
+    max_elements: per-input element budget; larger drawn sizes are halved to fit (:func:`fit_to_budget`).
+    min_size / max_size / block_sizes: passed to :func:`strategies.dims.dim_sizes` (min_size=0: zero-size dims).
     extreme: draw value magnitudes up towards the dtype's range.
-    requires_grad: ``"all"`` (every differentiable input) or ``"subsets"`` (any subset).
-    layouts: memory layouts to draw per tensor input (see :func:`apply_layout`).
+    requires_grad: ``"all"`` (every differentiable input), ``"subsets"`` (any subset, none
+    included) or ``"nonempty"`` (any subset with at least one input).
+    layouts: memory layouts to draw per tensor input (see :func:`apply_layout`); an ``expanded``
+    input gets constant rows so that it really is stride-0.
     mask_kinds: kinds to draw per Mask input (see :func:`strategies.values.mask_from_seed`).
     constant_rows: sometimes make a tensor's last-dim rows constant (ties, zero variance).
     broadcast: give ``broadcastable=True`` inputs size-1 dims and dropped leading dims.
     grad_output_kinds: kinds to draw for grad_outputs (see :func:`grad_output_from_seed`).
-    Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1.
+    value_patterns: value patterns per tensor input (``ties``; ``near_zero`` applies to
+    ``real``-domain inputs only, others fall back to ``random``).
+    max_batch_dims: ``*batch`` groups expand to 0..max_batch_dims dims.
+    unique_dims: dims with different names get different sizes.
+    Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1;
+    a failure that needs a size past a block boundary shrinks to the smallest such size.
     Example: ``cases(spec, device="cpu").example()``.
     """
-    if requires_grad not in ("all", "subsets"):
-        raise InvalidArgument(f"requires_grad={requires_grad!r} must be 'all' or 'subsets'")
-    if max_elements < 1:
-        raise InvalidArgument(f"max_elements={max_elements!r} must be >= 1")
+    if requires_grad not in ("all", "subsets", "nonempty"):
+        raise InvalidArgument(f"requires_grad={requires_grad!r} must be 'all', 'subsets' or 'nonempty'")
+    if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
+        raise InvalidArgument(f"max_elements={max_elements!r} must be an int >= 1")
+    if isinstance(max_batch_dims, bool) or not isinstance(max_batch_dims, int) or max_batch_dims < 0:
+        raise InvalidArgument(f"max_batch_dims={max_batch_dims!r} must be an int >= 0")
     for given, allowed, what in (
         (layouts, LAYOUTS, "layouts"),
         (mask_kinds, MASK_KINDS, "mask_kinds"),
         (grad_output_kinds, GRAD_OUTPUT_KINDS, "grad_output_kinds"),
+        (value_patterns, VALUE_PATTERNS, "value_patterns"),
     ):
         bad = [item for item in given if item not in allowed]
-        if bad or not given:
+        if bad or not given or isinstance(given, str):
             raise InvalidArgument(f"{what}={list(given)!r}: {bad or 'empty'}; choose from {allowed}")
-    choices = tuple(dtypes) if dtypes is not None else spec.dtypes
-    if not choices:
+    if dtypes is not None and not tuple(dtypes):
         raise InvalidArgument(f"dtypes={dtypes!r} is empty")
-    dtype = draw(st.sampled_from(choices), label="dtype")
-    sizes = draw(dim_sizes(spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes), label="dim sizes")
-    batches = {name: draw(batch_shapes(), label=f"*{name}") for name in spec.batch_names}
+    if dtypes is None:
+        dtype_strategy = dtypes_for(spec, device)
+    else:
+        # Explicit dtypes are honoured as given, minus those the device cannot run.
+        supported = tuple(d for d in dtypes if device_supports(device, d))
+        dtype_strategy = st.sampled_from(supported or tuple(dtypes))
+    dtype = draw(dtype_strategy, label="dtype")
+    sizes = draw(
+        dim_sizes(spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes, unique=unique_dims),
+        label="dim sizes",
+    )
+    batches = {name: draw(batch_shapes(max_dims=max_batch_dims), label=f"*{name}") for name in spec.batch_names}
     sizes, batches = fit_to_budget(spec, sizes, batches, max_elements)
 
     recipes = []
@@ -331,7 +401,8 @@ def cases(
         seed = draw(value_seeds(), label=f"{spec_input.name} seed")
         if spec_input.kind == "mask":
             kind = draw(st.sampled_from(tuple(mask_kinds)), label=f"{spec_input.name} mask kind")
-            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind=kind))
+            density = draw(mask_densities(), label=f"{spec_input.name} mask density") if kind in ("random", "masked_rows") else 0.7
+            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind=kind, density=density))
         elif spec_input.kind == "index":
             high = spec_input.high  # type: ignore[union-attr]
             recipes.append(ArgRecipe(spec_input.name, "index", shape, seed, high=sizes[high] if isinstance(high, str) else high))
@@ -341,18 +412,27 @@ def cases(
             scale = draw(magnitudes(dtype=dtype, extreme=extreme), label=f"{spec_input.name} scale")
             constant = constant_rows and draw(st.booleans(), label=f"{spec_input.name} constant rows")
             layout = draw(st.sampled_from(tuple(layouts)), label=f"{spec_input.name} layout")
+            # Only constant rows can be stored stride-0 with the same values.
+            constant = constant or layout == "expanded"
+            pattern = "random"
+            if tuple(value_patterns) != ("random",):
+                pattern = draw(st.sampled_from(tuple(value_patterns)), label=f"{spec_input.name} pattern")
+                if pattern == "near_zero" and spec_input.domain != "real":  # type: ignore[union-attr]
+                    pattern = "random"
             recipes.append(
                 ArgRecipe(
                     spec_input.name, "tensor", shape, seed, domain=spec_input.domain,  # type: ignore[union-attr]
-                    scale=scale, constant_rows=constant, layout=layout,
+                    scale=scale, constant_rows=constant, layout=layout, pattern=pattern,
                 )
             )
 
     differentiable = [i.name for i in spec.differentiable_inputs]
-    if requires_grad == "all":
+    if requires_grad == "all" or not differentiable:
         wanted = frozenset(differentiable)
     else:
-        wanted = frozenset(draw(st.lists(st.sampled_from(differentiable), unique=True), label="requires_grad")) if differentiable else frozenset()
+        wanted = draw(
+            requires_grad_subsets(differentiable, min_size=1 if requires_grad == "nonempty" else 0), label="requires_grad"
+        )
     grad_seed = draw(value_seeds(), label="grad_output seed")
     grad_kind = draw(st.sampled_from(tuple(grad_output_kinds)), label="grad_output kind")
     grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
@@ -361,15 +441,3 @@ def cases(
         recipes=tuple(recipes), requires_grad=wanted, grad_seed=grad_seed,
         grad_scale=grad_scale, grad_kind=grad_kind,
     )
-
-
-@st.composite
-def broadcast_forms(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shapes that broadcast to ``shape``: leading dims dropped, others set to 1.
-
-    shape: the full shape the result must broadcast to.
-    Shrinks towards ``shape`` itself. Example: ``broadcast_forms((2, 3, 4)).example() -> (1, 4)``.
-    """
-    dropped = draw(st.integers(min_value=0, max_value=len(shape)), label="leading dims dropped")
-    kept = shape[dropped:]
-    return tuple(1 if draw(st.booleans(), label=f"dim {i} -> 1") else size for i, size in enumerate(kept))

@@ -7,6 +7,7 @@ seed gives bit-identical tensors on every run, worker and device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Union
 
 import torch
@@ -15,16 +16,28 @@ from hypothesis.errors import InvalidArgument
 
 __all__ = [
     "DOMAINS",
-    "mask_from_seed",
+    "GRAD_OUTPUT_KINDS",
+    "MASK_KINDS",
+    "VALUE_PATTERNS",
+    "additive_mask_from_seed",
+    "additive_masks",
+    "grad_outputs",
     "index_from_seed",
-    "tensor_from_seed",
-    "value_seeds",
     "magnitudes",
+    "mask_densities",
+    "mask_from_seed",
+    "masks",
+    "tensor_from_seed",
+    "tensors",
+    "value_seeds",
 ]
 
 DOMAINS = ("real", "positive", "nonzero", "unit")
 Domain = Union[str, tuple[float, float]]
 MASK_KINDS = ("random", "all_true", "causal", "padding", "masked_rows")
+# Value patterns on top of a domain: ties (few distinct values, so max/sort/median must break
+# ties) and near_zero (exact zeros and tiny values, where |x|, relu and division have kinks).
+VALUE_PATTERNS = ("random", "ties", "near_zero")
 
 
 def value_seeds() -> st.SearchStrategy[int]:
@@ -72,15 +85,23 @@ def tensor_from_seed(
     scale: float = 1.0,
     device: str | torch.device = "cpu",
     constant_rows: bool = False,
+    pattern: str = "random",
 ) -> torch.Tensor:
     """A tensor of ``shape`` whose values depend only on the arguments (never on global RNG).
 
     ``real``: normal(0, 1) * scale; ``positive``: [0.25, 2) * scale; ``nonzero``: ±[0.25, 2) * scale
     (bounded away from 0, so finite differences do not straddle a kink); ``unit``: [0.05, 0.95];
     ``(low, high)``: the inner 90% of the interval. ``constant_rows`` repeats the first element of
-    each last-dim row along it (ties, zero variance). Use it to rebuild any drawn input in a repro.
+    each last-dim row along it (ties, zero variance). ``pattern``: ``random``; ``ties`` (values
+    rounded to a few levels, so many elements are exactly equal); ``near_zero`` (``real`` domain
+    only: about a third exact zeros and a third within ±1e-3 * scale). Use it to rebuild any
+    drawn input in a repro.
     """
     _check_domain(domain)
+    if pattern not in VALUE_PATTERNS:
+        raise InvalidArgument(f"pattern={pattern!r} must be one of {VALUE_PATTERNS}")
+    if pattern == "near_zero" and domain != "real":
+        raise InvalidArgument(f"pattern='near_zero' needs domain='real', got domain={domain!r}")
     generator = torch.Generator().manual_seed(int(seed))
     shape = tuple(int(s) for s in shape)
     uniform = torch.rand(shape, generator=generator, dtype=torch.float64)
@@ -96,6 +117,20 @@ def tensor_from_seed(
     else:
         low, high = float(domain[0]), float(domain[1])  # type: ignore[index]
         values = low + (high - low) * (0.05 + 0.9 * uniform)
+    if pattern == "ties":
+        # Snap to 4 levels per unit of scale: keeps the domain (levels stay inside it).
+        if isinstance(domain, tuple) or domain == "unit":
+            low, high = (0.05, 0.95) if domain == "unit" else (float(domain[0]), float(domain[1]))
+            span = high - low
+            values = low + span * (0.05 + 0.9 * torch.round((values - low) / span * 3) / 3)
+        else:
+            levels = torch.round(values / scale * 2) / 2
+            if domain != "real":
+                levels = torch.where(levels.abs() < 0.25, torch.sign(values) * 0.5, levels)
+            values = levels * scale
+    elif pattern == "near_zero":
+        which = torch.randint(0, 3, shape, generator=generator)
+        values = torch.where(which == 0, torch.zeros_like(values), torch.where(which == 1, values * 1e-3, values))
     if constant_rows and values.ndim >= 1 and values.shape[-1] > 0:
         values = values[..., :1].expand(shape).clone()
     return values.to(dtype=dtype).to(device)
@@ -189,3 +224,182 @@ def grad_output_from_seed(
         wide[::2] = values
         return wide[::2]
     return values
+
+
+def _check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list, torch.Size)) or any(
+        isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape
+    ):
+        raise InvalidArgument(f"shape={shape!r} must be a tuple of ints >= 0")
+    return tuple(shape)
+
+
+def _check_kinds(kinds: Sequence[str], allowed: tuple[str, ...], what: str = "kinds") -> tuple[str, ...]:
+    given = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in given if k not in allowed]
+    if bad or not given:
+        raise InvalidArgument(f"{what}={list(given)!r}: {bad or 'empty'}; choose from {allowed}")
+    return given
+
+
+def mask_densities() -> st.SearchStrategy[float]:
+    """Keep-probabilities for ``random`` / ``masked_rows`` masks: 0.7, 0.3, 0.9 and a sparse 0.05.
+
+    Shrinks towards 0.7. Example: ``mask_densities().example() -> 0.05``.
+    """
+    return st.sampled_from([0.7, 0.3, 0.9, 0.05])
+
+
+@st.composite
+def _masks(draw: st.DrawFn, shape: tuple[int, ...], kinds: tuple[str, ...], device: str) -> torch.Tensor:
+    kind = draw(st.sampled_from(kinds), label="mask kind")
+    seed = draw(value_seeds(), label="mask seed")
+    density = draw(mask_densities(), label="mask density") if kind in ("random", "masked_rows") else 0.7
+    return mask_from_seed(shape, seed=seed, kind=kind, density=density, device=device)
+
+
+def masks(
+    shape: tuple[int, ...], *, kinds: Sequence[str] = MASK_KINDS, device: str = "cpu"
+) -> st.SearchStrategy[torch.Tensor]:
+    """Boolean masks (``True`` = keep) of ``shape``.
+
+    shape: the mask's shape, e.g. ``(heads, q, k)``.
+    kinds: any of ``random`` (random density, see :func:`mask_densities`), ``all_true``,
+    ``causal`` (lower-triangular over the last two dims, aligned to the bottom-right when
+    ``q != k``), ``padding`` (per-row kept prefix lengths, at least 1), ``masked_rows`` (random
+    with the first row of every last-two-dims block fully masked).
+    device: where the mask is put (built on the CPU from a seed).
+    Shrinks towards the first kind with seed 0 and density 0.7.
+    Example: ``masks((2, 4, 5), kinds=("causal", "padding")).example()``.
+    """
+    return _masks(_check_shape(shape), _check_kinds(kinds, MASK_KINDS), device)
+
+
+def additive_mask_from_seed(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    seed: int,
+    kind: str = "random",
+    density: float = 0.7,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """The additive form of :func:`mask_from_seed`: 0 where kept, ``-inf`` where masked."""
+    if not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype!r} must be a floating-point dtype")
+    keep = mask_from_seed(shape, seed=seed, kind=kind, density=density)
+    zeros = torch.zeros(keep.shape, dtype=dtype)
+    return zeros.masked_fill(~keep, float("-inf")).to(device)
+
+
+@st.composite
+def _additive_masks(
+    draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype, kinds: tuple[str, ...], device: str
+) -> torch.Tensor:
+    kind = draw(st.sampled_from(kinds), label="mask kind")
+    seed = draw(value_seeds(), label="mask seed")
+    density = draw(mask_densities(), label="mask density") if kind in ("random", "masked_rows") else 0.7
+    return additive_mask_from_seed(shape, dtype, seed=seed, kind=kind, density=density, device=device)
+
+
+def additive_masks(
+    shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    *,
+    kinds: Sequence[str] = MASK_KINDS,
+    device: str = "cpu",
+) -> st.SearchStrategy[torch.Tensor]:
+    """Additive float masks (0 = keep, ``-inf`` = masked) of ``shape``, as attention biases use.
+
+    shape: the mask's shape.
+    dtype: a floating-point dtype.
+    kinds: the boolean mask kinds they are made from (see :func:`masks`); ``masked_rows`` gives
+    rows that are all ``-inf`` (softmax of such a row is NaN unless the kernel guards it).
+    device: where the mask is put.
+    Shrinks towards the first kind with seed 0. Example: ``additive_masks((4, 4), kinds=("causal",)).example()``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype!r} must be a floating-point torch.dtype")
+    return _additive_masks(_check_shape(shape), dtype, _check_kinds(kinds, MASK_KINDS), device)
+
+
+@st.composite
+def _grad_outputs(
+    draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype, kinds: tuple[str, ...], device: str
+) -> torch.Tensor:
+    kind = draw(st.sampled_from(kinds), label="grad_output kind")
+    seed = draw(value_seeds(), label="grad_output seed")
+    scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if kind == "scaled" else 1.0
+    return grad_output_from_seed(shape, dtype, seed=seed, kind=kind, scale=scale, device=device)
+
+
+def grad_outputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    *,
+    kinds: Sequence[str] = GRAD_OUTPUT_KINDS,
+    device: str = "cpu",
+) -> st.SearchStrategy[torch.Tensor]:
+    """grad_outputs for an output of ``shape``.
+
+    shape: the output's shape.
+    dtype: the output's floating-point dtype.
+    kinds: any of ``random``, ``zeros``, ``scaled`` (random times a drawn magnitude), ``per_row``
+    (each leading row scaled by a different power of ten), ``noncontiguous`` (transposed or
+    strided storage) and ``expanded`` (stride-0, what ``y.sum().backward()`` passes).
+    device: where the tensor is put.
+    Shrinks towards the first kind with seed 0.
+    Example: ``grad_outputs((3, 4), kinds=("expanded",)).example().stride() -> (0, 0)``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype!r} must be a floating-point torch.dtype")
+    return _grad_outputs(_check_shape(shape), dtype, _check_kinds(kinds, GRAD_OUTPUT_KINDS), device)
+
+
+@st.composite
+def _tensors(
+    draw: st.DrawFn,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    domain: Domain,
+    extreme: bool,
+    patterns: tuple[str, ...],
+    constant_rows: bool,
+    device: str,
+) -> torch.Tensor:
+    seed = draw(value_seeds(), label="seed")
+    scale = draw(magnitudes(dtype=dtype, extreme=extreme), label="scale") if domain in ("real", "positive", "nonzero") else 1.0
+    pattern = draw(st.sampled_from(patterns), label="pattern")
+    constant = constant_rows and draw(st.booleans(), label="constant rows")
+    return tensor_from_seed(shape, dtype, seed=seed, domain=domain, scale=scale, device=device, constant_rows=constant, pattern=pattern)
+
+
+def tensors(
+    shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    *,
+    domain: Domain = "real",
+    extreme: bool = False,
+    patterns: Sequence[str] = ("random",),
+    constant_rows: bool = False,
+    device: str = "cpu",
+) -> st.SearchStrategy[torch.Tensor]:
+    """Floating-point tensors of ``shape`` with values in ``domain``, rebuilt from a drawn seed.
+
+    shape: the tensor's shape.
+    dtype: a floating-point dtype.
+    domain: ``real``, ``positive``, ``nonzero``, ``unit`` or a ``(low, high)`` interval.
+    extreme: draw scales up to the dtype's range (see :func:`magnitudes`); bounded domains ignore it.
+    patterns: value patterns to draw from :data:`VALUE_PATTERNS` (``near_zero`` only with ``real``).
+    constant_rows: sometimes make each last-dim row constant (ties, zero variance).
+    device: where the tensor is put (values are generated on the CPU, so identical everywhere).
+    Shrinks towards seed 0, scale 1, the first pattern, non-constant rows.
+    Example: ``tensors((2, 3), torch.float16, extreme=True).example()``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype!r} must be a floating-point torch.dtype")
+    _check_domain(domain)
+    patterns_ = _check_kinds(patterns, VALUE_PATTERNS, "patterns")
+    if "near_zero" in patterns_ and domain != "real":
+        raise InvalidArgument(f"patterns={list(patterns_)!r}: 'near_zero' needs domain='real', got domain={domain!r}")
+    return _tensors(_check_shape(shape), dtype, domain, bool(extreme), patterns_, bool(constant_rows), device)

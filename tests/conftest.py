@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+try:
+    # torch.testing.assert_close imports torch.distributed.tensor lazily. pytester's in-process
+    # runs drop modules first imported inside them, and importing it again re-registers torch
+    # operator libraries (RuntimeError: Only a single TORCH_LIBRARY ...). Import it up front.
+    import torch.distributed.tensor  # noqa: F401
+except ImportError:  # torch built without distributed
+    pass
+
+if not torch.cuda.is_available():
+    # As the plugin does: triton reads TRITON_INTERPRET when it is imported, not only when
+    # kernels are decorated, so choose the interpreter before the import below.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:
+    # Same for triton (imported by reference_ops.triton): re-importing its C extension after
+    # pytester dropped it fails (No module named 'triton._C.libtriton.linear_layout').
+    import triton  # noqa: F401
+except ImportError:  # the optional extra is not installed
+    pass
 
 pytest_plugins = ["pytester"]
 

@@ -1,0 +1,20 @@
+"""Triton reference Functions: registered only when Triton is importable.
+
+Without a GPU the kernels run under the Triton interpreter, which has to be chosen
+(``TRITON_INTERPRET=1``) before this package is imported; the pytest plugin does that on
+machines without CUDA. Without Triton this package registers nothing and imports cleanly.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # the optional extra is not installed: register nothing
+    pass
+else:
+    # Outside the try: an error in a kernel module itself must fail loudly.
+    from reference_ops.triton import elementwise, softmax
+
+    __all__ = ["elementwise", "softmax"]

@@ -1,0 +1,70 @@
+"""Contract determinism: the same inputs twice give bitwise identical outputs and gradients.
+
+Two calls on fresh copies of the same inputs and grad_outputs, one after the other, with torch's
+global RNG left alone: if the Function draws random numbers without declaring it, the second call
+sees a different RNG state and the difference shows. (Seeding the RNG identically before each
+call would hide exactly that.) Undeclared randomness, reads of uninitialised memory
+(``torch.empty`` not fully written), and order-dependent atomics all fail here.
+
+Functions declared ``nondeterministic=True`` (dropout, Gumbel noise, sampling) cannot promise
+equal values; for them this contract checks what they can promise: both calls give outputs and
+gradients of the same structure, shapes, dtypes and devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import execute
+from conformance.report import describe_value, fail
+from conformance.runner import Target
+
+ADVICE = (
+    "If the Function is random by design (dropout, noise, sampling), declare nondeterministic=True "
+    "in register(); otherwise look for torch.rand*/randn* calls, torch.empty buffers that are not "
+    "fully written, and atomic accumulation whose order varies."
+)
+
+
+def check_determinism(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data)
+    first = execute(case, raise_backward=True)
+    second = execute(case, raise_backward=True)
+    fn_name = target.spec.fn.__qualname__
+    if len(first.outputs) != len(second.outputs):
+        fail(f"len(outputs)={len(second.outputs)} on the second call, but {len(first.outputs)} on the first [{fn_name}.forward]")
+    exact = not target.spec.nondeterministic
+    for position, (a, b) in enumerate(zip(first.outputs, second.outputs)):
+        _compare(a, b, f"outputs[{position}]", f"{fn_name}.forward", exact)
+    if set(first.grads) != set(second.grads):
+        fail(f"gradients for {sorted(second.grads)} on the second call, but for {sorted(first.grads)} on the first")
+    for name in first.grads:
+        _compare(first.grads[name], second.grads[name], f"grad[{name!r}]", f"{fn_name}.backward", exact)
+
+
+def _compare(a: Any, b: Any, what: str, where: str, exact: bool) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            fail(f"{what}={describe_value(b)} on the second call, but {describe_value(a)} on the first [{where}]")
+        return
+    for attribute in ("shape", "dtype", "device"):
+        if getattr(a, attribute) != getattr(b, attribute):
+            fail(f"{what}.{attribute}={getattr(b, attribute)} on the second call, but {getattr(a, attribute)} on the first [{where}]")
+    if not exact:
+        return
+    try:
+        # rtol=atol=0: bitwise equality, except that NaN equals NaN and -0.0 equals 0.0.
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    except AssertionError as error:
+        fail(
+            f"{what} differs between two calls with identical inputs [{where}]",
+            str(error).strip(),
+            ADVICE,
+        )
+
+
+def test_determinism(conformance_target: Target) -> None:
+    conformance_target.run(check_determinism)

@@ -1,0 +1,271 @@
+"""Contract gradgradcheck: second derivatives are right, or double backward refuses to run.
+
+* ``double_backward=True`` (the default): ``torch.autograd.gradgradcheck`` in float64 on generated
+  shapes -- the derivative of backward (with respect to the inputs and to grad_output) against
+  finite differences of backward. Above ``FAST_MODE_ELEMENTS`` it uses fast mode with
+  ``FAST_ATOL``: fast mode scales atol by sum(u) * sum(v), so the default atol=1e-5 would let a
+  visibly wrong second derivative through (see test_gradcheck.py).
+* ``double_backward=False``: differentiating the gradient must RAISE, which is what
+  ``@once_differentiable`` does. A gradient that silently detaches (backward under ``no_grad``,
+  ``.detach()``) or a double backward that silently runs fails: a gradient penalty built on it
+  trains with a wrong or missing term and nobody is told.
+
+Surrogate (straight-through) specs are checked exactly like the others. gradgradcheck never
+looks at the forward's true derivative: it differentiates backward itself, i.e. the surrogate
+gradient, numerically. The gradcheck contract ties first derivatives to the surrogate; together
+they tie second derivatives to the surrogate's second derivative.
+
+Functions declared ``nondeterministic=True`` are called with torch's RNG re-seeded identically
+before every forward, so finite differences compare calls that drew the same noise.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import strategies as st
+from torch.autograd.gradcheck import GradcheckError
+
+from conformance.harness import as_tuple, fixed_rng, forward_args
+from conformance.probe import Recorder, probe
+from conformance.report import fail
+from conformance.runner import Target
+from strategies.cases import Case
+
+FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases
+SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
+FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
+# Per-input element budget: gradgradcheck's slow mode costs two forward+backward passes per
+# element of every input *and* grad_output, so keep cases small.
+MAX_ELEMENTS = 48
+NOISE_SEED = 20240611  # the fixed noise of nondeterministic Functions (any constant works)
+
+CAUSE_DETACHED = (
+    "backward's result does not depend on {wrt} through the autograd graph. Usual causes: a tensor "
+    "computed in forward and saved with ctx.save_for_backward (forward runs without a graph, so it "
+    "is a constant to double backward: recompute it in backward from the saved inputs, or return "
+    "it as an output), or .detach()/.data/.item()/numpy/a no_grad block inside backward."
+)
+CAUSE_NOT_ATTACHED = (
+    "grad[{name!r}] is not attached to the autograd graph even with create_graph=True: backward "
+    "ran under torch.no_grad(), detached its result, or computed it outside autograd (numpy, "
+    ".data, a raw kernel)."
+)
+CAUSE_ONCE = (
+    "backward is decorated with @once_differentiable, but the spec declares double_backward=True. "
+    "Note that torch.autograd.grad(..., inputs=...) silently returns None through a "
+    "@once_differentiable backward instead of raising; only .backward() raises."
+)
+ADVICE_FALSE = (
+    "A Function that is not twice differentiable should decorate backward with "
+    "torch.autograd.function.once_differentiable, so that double backward raises."
+)
+
+
+def _call_factory(  # type: ignore[no-untyped-def]
+    target: Target, case: Case, args: list[Any], wrt_positions: Sequence[int], fn: Any = None
+):
+    fn = fn or target.spec.fn
+    nondeterministic = target.spec.nondeterministic
+
+    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, tensor in zip(wrt_positions, wrt):
+            full[position] = tensor
+        if nondeterministic:  # same noise in every call, so finite differences are meaningful
+            with fixed_rng(NOISE_SEED, case.device):
+                return as_tuple(fn.apply(*forward_args(case, full)))
+        return as_tuple(fn.apply(*forward_args(case, full)))
+
+    return call
+
+
+def _diff_outputs(outputs: Sequence[Any]) -> list[torch.Tensor]:
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
+def _first_grads(
+    call: Any, case: Case, wrt: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
+    """grad_outputs (requiring grad, as gradgradcheck makes them) and the create_graph grads."""
+    outputs = _diff_outputs(call(*wrt))
+    grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
+    grads = torch.autograd.grad(outputs, list(wrt), grad_outputs, create_graph=True, allow_unused=True)
+    return grad_outputs, grads
+
+
+def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data, dtypes=(torch.float64,), max_elements=MAX_ELEMENTS)
+    args = case.args(dtype=torch.float64)
+    wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not wrt_positions:
+        return
+    names = [case.recipes[i].name for i in wrt_positions]
+    call = _call_factory(target, case, args, wrt_positions)
+    wrt = tuple(args[i] for i in wrt_positions)
+    if target.spec.double_backward:
+        _check_twice_differentiable(target, case, call, args, wrt_positions, names)
+    else:
+        _check_refuses_double_backward(target, case, call, wrt, names)
+
+
+def _check_twice_differentiable(
+    target: Target, case: Case, call: Any, args: list[Any], wrt_positions: list[int], names: list[str]
+) -> None:
+    wrt = tuple(args[i] for i in wrt_positions)
+    outputs = _diff_outputs(call(*wrt))
+    if not outputs:
+        return
+    grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
+    numel = sum(t.numel() for t in wrt) + sum(g.numel() for g in grad_outputs)
+    fast = numel > FAST_MODE_ELEMENTS
+    atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
+    mode = f"torch.autograd.gradgradcheck, float64, {'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}"
+    # Fast mode draws its projection vectors from torch's global RNG: seed it from the case.
+    with fixed_rng(zlib.crc32(repr((case.grad_seed, names)).encode()), case.device):
+        try:
+            torch.autograd.gradgradcheck(
+                call, wrt, grad_outputs, atol=atol, rtol=rtol, fast_mode=fast,
+                # Undefined (None) grad_outputs are the undefined_grads contract's business.
+                check_undefined_grad=False,
+            )
+        except GradcheckError as error:
+            message = str(error).strip()
+        except RuntimeError as error:
+            if "once_differentiable" in str(error):
+                fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
+            raise
+        else:
+            return
+    # Which gradient, with respect to which input or grad_output, and why (when we can tell).
+    wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
+    match = re.search(r"output (\d+) with respect to input (\d+)", message)
+    probed, recorder = probe(target.spec.fn)
+    probed_call = _call_factory(target, case, list(args), wrt_positions, fn=probed)
+    cause = _diagnose(probed_call, recorder, case, wrt, names, wrt_labels, match, args)
+    if match:
+        output, against = int(match.group(1)), int(match.group(2))
+        present = [n for n, g in zip(names, _first_grads(call, case, wrt)[1]) if g is not None]
+        grad_name = present[output] if output < len(present) else f"#{output}"
+        summary = f"d(grad[{grad_name!r}])/d({wrt_labels[against]}) analytical != numerical [{mode}]"
+    else:
+        summary = f"second derivatives analytical != numerical [{mode}]"
+    fail(summary, cause, message)
+
+
+def _diagnose(
+    call: Any,
+    recorder: Recorder,
+    case: Case,
+    wrt: tuple[torch.Tensor, ...],
+    names: list[str],
+    wrt_labels: list[str],
+    match: Any,
+    args: Sequence[Any] = (),
+) -> str:
+    """A sentence naming the likely cause of a gradgradcheck failure, or ''."""
+    grad_outputs, grads = _first_grads(call, case, wrt)
+    for name, grad in zip(names, grads):
+        if grad is not None and grad.grad_fn is not None and "Error" in grad.grad_fn.name():
+            return CAUSE_ONCE
+    for name, grad in zip(names, grads):
+        if grad is not None and not grad.requires_grad:
+            return CAUSE_NOT_ATTACHED.format(name=name)
+    # Saved inputs and outputs come back from ctx.saved_tensors attached to the graph under
+    # create_graph=True; a floating-point intermediate computed in forward comes back as a
+    # constant, so double backward cannot differentiate through it.
+    if recorder.calls:
+        constants = [
+            f"saved_tensors[{k}] {tuple(t.shape)} {t.dtype}"
+            for k, t in enumerate(recorder.last.saved_tensors)
+            if t.is_floating_point() and not t.requires_grad and not any(_same_data(t, a) for a in args)
+        ]
+        if constants:
+            return (
+                f"{', '.join(constants)} carries no graph back to the inputs: it was computed in forward "
+                "and saved with ctx.save_for_backward, so double backward treats it as a constant. "
+                "Recompute it in backward from the saved inputs (or return it as an output), or declare "
+                "double_backward=False and decorate backward with @once_differentiable."
+            )
+    if not match:
+        return ""
+    present = [g for g in grads if g is not None]
+    output, against = int(match.group(1)), int(match.group(2))
+    if output >= len(present):
+        return ""
+    variables = list(wrt) + list(grad_outputs)
+    # Positive, uneven weights: a plain sum could cancel to zero on its own.
+    weights = torch.rand(present[output].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    second = torch.autograd.grad(present[output], variables[against], (weights + 0.5).to(present[output].device), allow_unused=True)[0]
+    if second is None or not bool(second.ne(0).any()):
+        what = "None" if second is None else "identically zero"
+        return f"The analytical second derivative is {what}: " + CAUSE_DETACHED.format(wrt=wrt_labels[against])
+    return ""
+
+
+def _same_data(saved: torch.Tensor, arg: Any) -> bool:
+    """True when ``saved`` is the input ``arg`` (inputs that need no grad are constants anyway)."""
+    return isinstance(arg, torch.Tensor) and saved.data_ptr() == arg.data_ptr() and saved.shape == arg.shape
+
+
+def _check_refuses_double_backward(
+    target: Target, case: Case, call: Any, wrt: tuple[torch.Tensor, ...], names: list[str]
+) -> None:
+    grad_outputs, grads = _first_grads(call, case, wrt)
+    if not grad_outputs:
+        return
+    for name, grad in zip(names, grads):
+        # An identically zero gradient is trivially right to every order.
+        if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):
+            fail(
+                f"grad[{name!r}].requires_grad=False under create_graph=True, but double backward should "
+                "raise [spec declares double_backward=False]",
+                CAUSE_NOT_ATTACHED.format(name=name)
+                + " A loss built from this gradient (a gradient penalty) silently gets no gradient from it.",
+                ADVICE_FALSE,
+            )
+    attached = [g for g in grads if g is not None and g.requires_grad]
+    if not attached:
+        return
+    # .backward() (not autograd.grad(..., inputs=...)): through a @once_differentiable backward
+    # only a pass that reaches every leaf raises; autograd.grad prunes the error node and
+    # returns None. .backward() is what a gradient-penalty training step does.
+    weights = [torch.ones_like(g) for g in attached]
+    try:
+        torch.autograd.backward(attached, weights)
+    except RuntimeError:
+        return  # refused, as declared
+    verdict = _gradgradcheck_verdict(call, case, wrt)
+    fail(
+        "double backward ran without raising, but the spec declares double_backward=False",
+        f"Second derivatives it returned: {verdict}.",
+        "If they are right, declare double_backward=True; otherwise " + ADVICE_FALSE[0].lower() + ADVICE_FALSE[1:],
+    )
+
+
+def _gradgradcheck_verdict(call: Any, case: Case, wrt: tuple[torch.Tensor, ...]) -> str:
+    outputs = _diff_outputs(call(*wrt))
+    grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
+    with fixed_rng(0, case.device):
+        try:
+            torch.autograd.gradgradcheck(
+                call, wrt, grad_outputs, atol=FAST_ATOL, rtol=FAST_RTOL, fast_mode=True, check_undefined_grad=False
+            )
+        except (GradcheckError, RuntimeError) as error:
+            first = str(error).strip().splitlines()[0]
+            return f"silently WRONG (gradgradcheck: {first})"
+    return "correct (gradgradcheck passes)"
+
+
+def test_gradgradcheck(conformance_target: Target) -> None:
+    spec = conformance_target.spec
+    if not spec.supports_float64:
+        pytest.skip(f"{spec.name!r} does not list torch.float64 in dtypes; gradgradcheck needs float64")
+    if conformance_target.options.dtypes is not None and torch.float64 not in conformance_target.options.dtypes:
+        pytest.skip("float64 is excluded by --dtypes")
+    conformance_target.run(check_gradgradcheck)

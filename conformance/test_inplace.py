@@ -1,0 +1,294 @@
+"""Contract inplace: no undeclared in-place writes, no undeclared aliasing.
+
+* forward leaves every input bitwise unchanged (NaN-aware, -0.0 vs 0.0 counts) with the same
+  ``_version`` -- unless the spec declares it in ``mutates``; a declared mutation must really
+  happen and go through ``ctx.mark_dirty`` (apply then returns that very input object);
+* no output shares memory with an input (a view of an input is aliasing) unless it is a
+  declared, marked-dirty input;
+* backward leaves grad_output, every saved tensor and every input unchanged, and returns no
+  gradient that shares memory with an input (a write through ``.data`` is invisible to
+  autograd's version counters, so values are compared, not only versions);
+* a second backward through the same graph (``retain_graph=True``) gives the same gradients
+  (saved buffers overwritten in place break this).
+
+Returning grad_output itself, or a view of it, as a gradient is legal as long as backward did
+not modify it. gradcheck passes a backward that scales grad_output in place, so this contract
+is the one that sees it.
+
+Declared-mutated inputs are passed as clones (``forward_args``): a leaf that requires grad cannot
+be modified in place, and the clone's gradient flows back to the leaf as in a real model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import as_tuple, differentiable_positions, forward_args
+from conformance.probe import BackwardCall, probe
+from conformance.report import describe_value, fail
+from conformance.runner import Target
+
+# Budget for "the same result both times", relative to max|first result|: reruns of the same
+# kernels differ only where reductions are reordered (atomics); a clobbered buffer is O(1).
+RERUN_RELATIVE_TOLERANCE = {
+    torch.float64: 1e-7,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+
+_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+@dataclass
+class Snapshot:
+    """A tensor's values (a private copy) and version counter at one moment."""
+
+    values: torch.Tensor
+    version: int
+
+
+def snapshot(tensor: torch.Tensor) -> Snapshot:
+    return Snapshot(tensor.detach().clone(), tensor._version)
+
+
+def changed_elements(now: torch.Tensor, before: torch.Tensor) -> int:
+    """How many elements differ bitwise (so NaN == NaN, and 0.0 != -0.0)."""
+    if tuple(now.shape) != tuple(before.shape) or now.dtype != before.dtype:
+        return max(now.numel(), before.numel(), 1)
+    a, b = now.detach().contiguous(), before.detach().to(now.device).contiguous()
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        bits = _BITS[a.element_size()]
+        a, b = a.view(bits), b.view(bits)
+    return int((a != b).sum())
+
+
+def memory_span(tensor: torch.Tensor) -> tuple[Any, int, int] | None:
+    """(storage key, first byte, one past the last byte) that ``tensor`` can touch."""
+    if tensor.numel() == 0 or tensor.layout != torch.strided:
+        return None
+    try:
+        key = (str(tensor.device), tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, some subclasses)
+        return None
+    size = tensor.element_size()
+    low = sum(min(0, (n - 1) * s) for n, s in zip(tensor.shape, tensor.stride()))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(tensor.shape, tensor.stride()))
+    start = tensor.data_ptr()
+    return key, start + low * size, start + (high + 1) * size
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    span_a, span_b = memory_span(a), memory_span(b)
+    if span_a is None or span_b is None or span_a[0] != span_b[0]:
+        return False
+    return span_a[1] < span_b[2] and span_b[1] < span_a[2]
+
+
+def _describe_change(count: int, now: torch.Tensor, before: Snapshot) -> str:
+    version = f"version counter {before.version} -> {now._version}"
+    if count and now._version == before.version:
+        version += " (unchanged: the write went through .data, .detach() or a raw pointer, so autograd cannot see it)"
+    return f"{count} of {now.numel()} elements changed; {version}"
+
+
+def _rerun_tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
+    rtol = RERUN_RELATIVE_TOLERANCE.get(dtype, 1e-4)
+    finite = expected[torch.isfinite(expected)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return rtol, rtol * (scale if scale > 0.0 else 1.0)
+
+
+def check_inplace(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data)
+    spec = target.spec
+    fn_name = spec.fn.__qualname__
+    mutated = set(spec.mutates)
+    probed, recorder = probe(spec.fn)
+    leaves = case.args()
+    args = forward_args(case, leaves)
+    names = [r.name for r in case.recipes]
+    tensors = [(n, a) for n, a in zip(names, args) if isinstance(a, torch.Tensor)]
+    before = {n: snapshot(a) for n, a in tensors}
+
+    outputs = as_tuple(probed.apply(*args))
+
+    # -- forward: inputs untouched unless declared, declared ones really marked dirty
+    for name, arg in tensors:
+        count = changed_elements(arg, before[name].values)
+        bumped = arg._version != before[name].version
+        where = f"{fn_name}.forward, input {name!r}"
+        if name in mutated:
+            if not bumped and not count:
+                fail(
+                    f"input {name!r} unchanged, but should be modified in place [{where}, declared in mutates]",
+                    f"The spec declares mutates=[{name!r}], but forward neither changed its values nor bumped "
+                    "its version counter. Remove it from mutates if the op is not in place.",
+                )
+            if not any(out is arg for out in outputs):
+                fail(
+                    f"input {name!r} modified in place but not marked dirty [{where}, declared in mutates]",
+                    f"Call ctx.mark_dirty({name}) in forward and return the modified tensor itself; without it "
+                    "autograd does not know the tensor changed and earlier users of its old value get "
+                    "wrong gradients.",
+                )
+        elif count or bumped:
+            fail(
+                f"input {name!r} was modified in place by forward, but should be unchanged [{where}]",
+                _describe_change(count, arg, before[name]),
+                f"Work on a copy ({name}.clone()), or declare the in-place op: ctx.mark_dirty({name}) in "
+                f"forward and register(..., mutates=[{name!r}]).",
+            )
+
+    # -- outputs must not alias inputs unless they are the declared, dirty input itself
+    for position, out in enumerate(outputs):
+        for name, arg in tensors:
+            if name in mutated and out is arg:
+                continue
+            if shares_memory(out, arg):
+                fail(
+                    f"output[{position}] shares memory with input {name!r}, but should not [{fn_name}.forward]",
+                    f"output[{position}]: {describe_value(out)}, input {name!r}: {describe_value(arg)}.",
+                    "A view of an input (x.view(...), x[...], x.t(), returning x itself) aliases it: writing to "
+                    "one changes the other behind autograd's back. Return a copy (x.clone()), or declare an "
+                    "in-place op with ctx.mark_dirty and mutates=[...].",
+                )
+
+    positions = differentiable_positions(outputs)
+    wrt = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+    wrt_names = [n for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+    if not positions or not wrt:
+        return
+    diff_outputs = [outputs[p] for p in positions]
+    after_forward = {n: snapshot(a) for n, a in tensors}
+    backward_error: BaseException | None = None
+    first: tuple[torch.Tensor | None, ...] = ()
+    try:
+        grads = torch.autograd.grad(diff_outputs, wrt, case.grad_outputs(diff_outputs), retain_graph=True, allow_unused=True)
+        first = tuple(g.detach().clone() if g is not None else None for g in grads)
+        del grads
+    except Exception as error:  # explained from the record below when possible
+        backward_error = error
+    if not recorder.calls:
+        if backward_error is not None:
+            raise backward_error
+        return
+    call = recorder.last
+    _check_backward_record(target, call, names, tensors, after_forward)
+    if backward_error is not None:
+        raise backward_error
+
+    # -- the same graph backpropagated again gives the same gradients
+    try:
+        second = torch.autograd.grad(diff_outputs, wrt, case.grad_outputs(diff_outputs), allow_unused=True)
+    except RuntimeError as error:
+        fail(
+            f"second backward raised, but should give the same gradients [{fn_name}.backward, retain_graph=True]",
+            f"{type(error).__name__}: {error}",
+            "The first backward changed state the second needs (a saved tensor or a ctx buffer modified in place).",
+        )
+    for name, one, two in zip(wrt_names, first, second):
+        if (one is None) != (two is None):
+            fail(
+                f"grad[{name!r}] on the second backward={describe_value(two)}, but should be "
+                f"{describe_value(one)} as on the first [{fn_name}.backward, retain_graph=True]"
+            )
+        if one is None or two is None:
+            continue
+        rtol, atol = _rerun_tolerance(case.dtype, one)
+        try:
+            torch.testing.assert_close(two.detach(), one, rtol=rtol, atol=atol, equal_nan=True)
+        except AssertionError as error:
+            fail(
+                f"grad[{name!r}] on the second backward != first backward [{fn_name}.backward, retain_graph=True]",
+                "Backpropagating the same graph twice must give the same gradients; the first call changed "
+                "something the second reads (a saved tensor or a buffer kept on ctx, written in place).",
+                str(error),
+            )
+
+
+def _check_backward_record(
+    target: Target,
+    call: BackwardCall,
+    names: list[str],
+    tensors: list[tuple[str, torch.Tensor]],
+    after_forward: dict[str, Snapshot],
+) -> None:
+    fn_name = target.spec.fn.__qualname__
+    raw = call.raw or ()
+    returned_for = {
+        position: names[position] if position < len(names) else f"#{position}" for position in range(len(raw))
+    }
+
+    def aliases(tensor: torch.Tensor) -> list[str]:
+        return [f"grad[{returned_for[i]!r}]" for i, g in enumerate(raw) if shares_memory(g, tensor)]
+
+    # grad_output, as this backward received it
+    for position, (now, then) in enumerate(zip(call.grad_outputs, call.grad_outputs_before)):
+        if not isinstance(now, torch.Tensor) or not isinstance(then, torch.Tensor):
+            continue
+        count = changed_elements(now, then)
+        if count:
+            returned = aliases(now)
+            fail(
+                f"grad_output[{position}] was modified in place by backward, but should be unchanged "
+                f"[{fn_name}.backward]",
+                f"{count} of {now.numel()} elements changed"
+                + (f"; it was then returned as {', '.join(returned)}" if returned else "")
+                + ".",
+                "grad_output may be shared with other consumers of the output (and with the caller); "
+                "compute into a new tensor (grad_output * 2, not grad_output.mul_(2)). Returning an "
+                "unmodified grad_output as a gradient is fine.",
+            )
+    # the Function's own inputs
+    for name, arg in tensors:
+        count = changed_elements(arg, after_forward[name].values)
+        if count or arg._version != after_forward[name].version:
+            returned = aliases(arg)
+            fail(
+                f"input {name!r} was modified in place by backward, but should be unchanged [{fn_name}.backward]",
+                _describe_change(count, arg, after_forward[name])
+                + (f"; backward returned its memory as {', '.join(returned)}" if returned else "")
+                + ".",
+                "Backward must not write into the inputs (e.g. x.data.copy_(grad)); allocate the gradient "
+                "(torch.empty_like(x)) instead.",
+            )
+    # saved tensors
+    if call.saved_error is not None:
+        fail(
+            f"ctx.saved_tensors raised, but should return the saved tensors [{fn_name}.backward]",
+            f"{type(call.saved_error).__name__}: {call.saved_error}",
+            "A tensor passed to ctx.save_for_backward was modified in place afterwards.",
+        )
+    for position, (now, then) in enumerate(zip(call.saved_tensors, call.saved_before)):
+        count = changed_elements(now, then)
+        if count:
+            fail(
+                f"ctx.saved_tensors[{position}] was modified in place by backward, but should be unchanged "
+                f"[{fn_name}.backward, {describe_value(now)}]",
+                f"{count} of {now.numel()} elements changed.",
+                "Saved tensors can be shared with the outputs and are read again by a second backward "
+                "(retain_graph=True); compute into new tensors instead of writing into them.",
+            )
+    # returned gradients must not share memory with an input
+    for position, grad in enumerate(raw):
+        for name, arg in tensors:
+            if shares_memory(grad, arg):
+                fail(
+                    f"grad[{returned_for[position]!r}] shares memory with input {name!r}, but should not "
+                    f"[{fn_name}.backward]",
+                    "A gradient returned in the input's own storage (e.g. x.data filled with the gradient) "
+                    "overwrites the input and breaks every other user of it.",
+                )
+
+
+def test_inplace(conformance_target: Target) -> None:
+    conformance_target.run(check_inplace)

@@ -1,0 +1,140 @@
+"""Contract layouts: memory layout never changes results.
+
+Inputs are drawn transposed, sliced (stride 2), offset (non-zero storage offset), stride-0
+expanded (where a row's values are all equal, so the same values can be expanded) and
+channels-last (4-d); grad_outputs are drawn contiguous, non-contiguous and stride-0 expanded (as
+``y.sum().backward()`` produces). The outputs and gradients must equal those of the same case with
+every input contiguous and grad_outputs ``.contiguous()`` -- the same values in a plain layout.
+
+A kernel that reads ``data_ptr``/storage as if contiguous (``torch.as_strided`` with contiguous
+strides, ``x.view(-1)`` on storage, a Triton/CUDA kernel indexed with ``i * n + j``) passes
+gradcheck, which only ever feeds contiguous tensors, and silently returns wrong numbers here.
+
+Functions declared ``nondeterministic=True`` run both calls with the same fixed RNG seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import Execution, execute, fixed_rng
+from conformance.report import fail
+from conformance.runner import Target
+from strategies.cases import Case
+
+# Every non-contiguous layout; degenerate ones (transposed 1-d, expanded non-constant rows,
+# channels_last below 4-d) come back contiguous, so mixes of both still occur.
+LAYOUTS_DRAWN = ("transposed", "sliced", "offset", "expanded", "channels_last")
+GRAD_OUTPUT_KINDS = ("noncontiguous", "expanded", "random")
+NOISE_SEED = 20240611
+
+# Same values in another layout can only change the *order* in which a kernel accumulates
+# (e.g. BLAS picking another blocking for a transposed operand). Two summation orders of the same
+# terms differ by a few rounding steps of the *terms'* magnitude (at most ~n*eps*sum|terms|,
+# typically ~log2(n)*eps for n <= 512 elements), while a layout bug reads the wrong elements and
+# is off by O(1). A result can cancel to far below its terms (BatchNorm's input gradient is
+# rounding noise around 0), so the scale is the largest magnitude among the result, the floating
+# inputs and, for gradients, the grad_outputs. We allow ROUNDING_STEPS rounding steps (eps of
+# the dtype) at that scale, plus the same count relative to each element. float64 is tight
+# (16 * 2.2e-16); float16/bfloat16 get the same count of their own coarser steps: low-precision
+# ops round an fp32 accumulation once per op, so reordering moves results by a step or two per
+# op in a short chain.
+ROUNDING_STEPS = 16
+
+
+def _largest(tensors: Any) -> float:
+    largest = 0.0
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+            finite = tensor.detach()[torch.isfinite(tensor.detach())]
+            if finite.numel():
+                largest = max(largest, float(finite.abs().max()))
+    return largest
+
+
+def _tolerance(expected: torch.Tensor, scale: float) -> tuple[float, float]:
+    if not expected.is_floating_point():
+        return 0.0, 0.0  # indices, masks: exactly equal
+    finfo = torch.finfo(expected.dtype)
+    return ROUNDING_STEPS * finfo.eps, ROUNDING_STEPS * finfo.eps * max(scale, _largest([expected])) + finfo.tiny
+
+
+def _describe_layouts(case: Case, args: list[Any], grad_outputs: tuple[torch.Tensor, ...]) -> str:
+    parts = [
+        f"{r.name}: {r.layout}, stride {tuple(a.stride())}"
+        for r, a in zip(case.recipes, args)
+        if r.kind == "tensor" and isinstance(a, torch.Tensor)
+    ]
+    parts += [f"grad_output[{i}]: stride {tuple(g.stride())}" for i, g in enumerate(grad_outputs)]
+    return "; ".join(parts)
+
+
+def _run(case: Case, target: Target, grad_outputs: Any = None) -> Execution:
+    noise = fixed_rng(NOISE_SEED, case.device) if target.spec.nondeterministic else contextlib.nullcontext()
+    with noise:
+        return execute(case, grad_outputs=grad_outputs)
+
+
+def check_layouts(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(
+        data, layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True
+    )
+    contiguous_case = replace(case, recipes=tuple(replace(r, layout="contiguous") for r in case.recipes))
+    baseline = _run(contiguous_case, target, grad_outputs=lambda outs: tuple(g.contiguous() for g in case.grad_outputs(outs)))
+    if baseline.backward_error is not None:
+        raise baseline.backward_error  # broken even on contiguous tensors: other contracts explain it
+    try:
+        strided = _run(case, target)
+    except Exception as error:
+        fail(
+            f"forward raised {type(error).__name__} on non-contiguous inputs, but runs on contiguous ones with the same values",
+            f"layouts: {_describe_layouts(case, case.args(), ())}",
+            f"{type(error).__name__}: {error}",
+            "Call .contiguous() on inputs a kernel indexes as if contiguous (or use .reshape, not .view).",
+        )
+    layouts = _describe_layouts(case, strided.args, strided.grad_outputs)
+    if strided.backward_error is not None:
+        error = strided.backward_error
+        fail(
+            f"backward raised {type(error).__name__} with non-contiguous inputs or grad_output, but runs on contiguous ones",
+            f"layouts: {layouts}",
+            f"{type(error).__name__}: {error}",
+            "grad_output can be non-contiguous or stride-0 (y.sum().backward() passes an expanded "
+            "grad_output): call grad_output.contiguous() before indexing it as contiguous memory.",
+        )
+    fn_name = target.spec.fn.__qualname__
+    input_scale = _largest(baseline.args)
+    grad_scale = max(input_scale, _largest(baseline.grad_outputs))
+    for position, (got, want) in enumerate(zip(strided.outputs, baseline.outputs)):
+        _compare(got, want, f"outputs[{position}]", layouts, f"{fn_name}.forward", input_scale)
+    for name, want in baseline.grads.items():
+        got = strided.grads.get(name)
+        if (got is None) != (want is None):
+            fail(f"grad[{name!r}] is {'None' if got is None else 'a tensor'} with non-contiguous layouts, but {'None' if want is None else 'a tensor'} with contiguous ones", f"layouts: {layouts}")
+        if got is not None and want is not None:
+            _compare(got, want, f"grad[{name!r}]", layouts, f"{fn_name}.backward", grad_scale)
+
+
+def _compare(got: Any, want: Any, what: str, layouts: str, where: str, scale: float) -> None:
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return
+    rtol, atol = _tolerance(want, scale)
+    try:
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as error:
+        fail(
+            f"{what} with non-contiguous layouts != {what} with contiguous layouts and the same values [{where}]",
+            f"layouts: {layouts}",
+            str(error).strip(),
+            "The kernel probably reads memory as if it were contiguous (data_ptr/storage indexing, "
+            "as_strided with contiguous strides): call .contiguous() on its inputs and on grad_output.",
+        )
+
+
+def test_layouts(conformance_target: Target) -> None:
+    conformance_target.run(check_layouts)

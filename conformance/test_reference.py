@@ -1,0 +1,142 @@
+"""Contract reference: outputs and gradients agree with the spec's reference, in every dtype.
+
+In float64 it is a plain ``torch.testing.assert_close`` against the reference. In float32,
+float16 and bfloat16 -- where gradcheck cannot run and fixed tolerances rot -- the error against
+a float64 truth must be within k times the reference's own error in the same dtype, plus a
+floor of two rounding steps at the call's largest |truth| over outputs and gradients (so an exact reference, whose own error is 0, does not
+demand bit-exactness). k is 2 for outputs and 3 for gradients unless the spec overrides it with
+``register(..., tolerances={torch.float16: {"grad": 4}})`` (capped by ``spec.MAX_TOLERANCE``).
+The reference's own error is the largest of four samples: the case itself and three
+neighbouring inputs (one representable step), each against its own float64 truth. Specs with a
+``surrogate`` have their gradients compared with the surrogate's. Every example is
+checked in every dtype the spec lists, with the same input values and grad_outputs. The policy
+and its measurements are in :mod:`conformance.numerics`.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import execute
+from conformance.numerics import (
+    Evaluated,
+    checked_positions,
+    compare_budget,
+    evaluate_spec,
+    multiplier,
+    neighbour,
+    strict_float32,
+    upcast,
+)
+from conformance.report import describe_value, fail
+from conformance.runner import Target
+from strategies.cases import Case
+from strategies.values import MASK_KINDS
+
+# Extra samples of the reference's own error per example and dtype: the reference in the tested
+# dtype on neighbouring inputs, each against its own float64 truth.
+RESAMPLES = 3
+
+
+def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
+    """Compare the implementation with the truth (and the baseline) for ``case`` in ``dtype``."""
+    spec = target.spec
+    fn_name = spec.fn.__qualname__
+    dtype_name = str(dtype).removeprefix("torch.")
+    if target.context is not None:
+        target.context.case = case.with_dtype(dtype)  # the repro rebuilds this dtype
+    impl = execute(case, dtype=dtype, raise_backward=True)
+    names = [recipe.name for recipe in case.recipes]
+    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
+    grad_source = "surrogate" if spec.surrogate is not None else "reference"
+
+    with strict_float32():
+        truth = evaluate_spec(spec, [upcast(a) for a in impl.args], names, grad_outputs)
+    baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
+    resamples: list[tuple[Evaluated, Evaluated]] = []
+    if dtype != torch.float64:
+        generator = torch.Generator().manual_seed(
+            zlib.crc32(repr((case.grad_seed, [r.seed for r in case.recipes], dtype_name)).encode())
+        )
+        for _ in range(RESAMPLES):
+            moved_args = [neighbour(a, generator) for a in impl.args]
+            moved_grads = {p: neighbour(g, generator) for p, g in grad_outputs.items()}
+            with strict_float32():
+                moved_truth = evaluate_spec(spec, [upcast(a) for a in moved_args], names, moved_grads)
+            resamples.append((evaluate_spec(spec, moved_args, names, moved_grads), moved_truth))
+
+    if len(impl.outputs) != len(truth.outputs):
+        fail(
+            f"len(forward outputs)={len(impl.outputs)}, but should be {len(truth.outputs)} like the reference "
+            f"[{fn_name}.forward, {dtype_name}]"
+        )
+    # (label, k key, impl, truth, baseline, resampled (baseline, truth) pairs, where)
+    pairs: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str]] = []
+    for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
+        if not isinstance(want, torch.Tensor):
+            continue
+        where = f"{fn_name}.forward, {dtype_name}"
+        if not isinstance(got, torch.Tensor):
+            fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]")
+        if tuple(got.shape) != tuple(want.shape):
+            fail(f"output[{position}].shape={tuple(got.shape)}, but should be {tuple(want.shape)} like the reference [{where}]")
+        moved = [(b.outputs[position], t.outputs[position]) for b, t in resamples]
+        pairs.append((f"output[{position}]", "output", got, want, base, moved, where))
+    for name, got in impl.grads.items():
+        arg = impl.args[names.index(name)]
+        # A gradient the reference leaves unused (None) is zero; so is a None from the Function.
+        want = truth.grads.get(name)
+        want = torch.zeros(arg.shape, dtype=torch.float64) if want is None else want
+        base = baseline.grads.get(name)
+        base = torch.zeros_like(arg) if base is None else base
+        got = torch.zeros_like(arg) if got is None else got
+        moved = [
+            (b.grads[name], t.grads[name])
+            for b, t in resamples
+            if b.grads.get(name) is not None and t.grads.get(name) is not None
+        ]
+        where = f"{fn_name}.backward, input {name!r}, {dtype_name}, vs the {grad_source}"
+        pairs.append((f"grad[{name!r}]", "grad", got, want, base, moved, where))
+
+    # The floor's scale: the largest |truth| of the call (see compare_budget).
+    floor_at = max(
+        (float(w[checked_positions(w, dtype)].abs().max()) for _, _, _, w, _, _, _ in pairs
+         if w.is_floating_point() and bool(checked_positions(w, dtype).any())),
+        default=0.0,
+    )
+    for what, which, got, want, base, moved, where in pairs:
+        if not want.is_floating_point():
+            if not torch.equal(got.cpu(), want.cpu()):
+                fail(f"{what} differs from the reference (a non-floating output, compared exactly) [{where}]")
+            continue
+        if dtype == torch.float64:
+            try:
+                torch.testing.assert_close(
+                    got.detach().cpu(), want.detach().cpu(), equal_nan=True, check_dtype=False, check_stride=False
+                )
+            except AssertionError as error:
+                fail(f"{what} != reference [{where}, torch.testing.assert_close]", str(error))
+            continue
+        comparison = compare_budget(
+            got, want, base, dtype, resampled=moved, floor_at=floor_at, k=multiplier(spec, dtype, which), what=what, where=where
+        )
+        if comparison is not None:
+            fail(comparison.summary, comparison.details)
+
+
+def check_reference(target: Target, data: st.DataObject) -> None:
+    dtypes = target.dtypes()
+    # Ordinary magnitudes do not depend on the dtype: one case, checked in every dtype.
+    case = target.draw_case(data, dtypes=dtypes[:1], mask_kinds=MASK_KINDS)
+    for dtype in dtypes:
+        check_dtype(target, case, dtype)
+
+
+def test_reference(conformance_target: Target) -> None:
+    if not conformance_target.dtypes():
+        pytest.skip("every dtype of this spec is excluded by --dtypes")
+    conformance_target.run(check_reference)

@@ -1,0 +1,98 @@
+"""Contract saved_tensors: tensors reach backward through ctx.save_for_backward, and are freed.
+
+* No ctx attribute holds a tensor. ``ctx.x = x`` escapes what save_for_backward gives: the
+  check that the tensor was not modified in place before backward (a silently wrong gradient),
+  saved-tensor hooks (offloading, checkpointing), release after backward, and ``ctx.y = y`` on
+  an output forms a reference cycle through the graph. gradcheck sees none of this.
+* After backward without retain_graph, once the caller drops its outputs, the outputs and the
+  graph node (ctx) are freed: a Function that keeps them alive (a module-level cache of
+  outputs or contexts, a reference cycle the collector cannot break) leaks a whole graph per
+  call. Only the outputs and the node are tracked -- never the inputs, which the caller owns --
+  so checkpoint-style Functions that save only their inputs pass.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import as_tuple, differentiable_positions, execute, forward_args
+from conformance.report import fail
+from conformance.runner import Target
+from strategies.cases import Case
+
+
+def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list[str]]:
+    """Run forward and backward with the plain (unprobed) Function, drop everything, keep weakrefs.
+
+    Runs in its own frame so that no local of the caller keeps a tensor alive.
+    """
+    leaves = case.args()
+    outputs = as_tuple(case.spec.fn.apply(*forward_args(case, leaves)))
+    positions = differentiable_positions(outputs)
+    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    refs: list[weakref.ref[Any]] = []
+    labels: list[str] = []
+    nodes = {id(outputs[p].grad_fn): outputs[p].grad_fn for p in positions if outputs[p].grad_fn is not None}
+    for position, out in enumerate(outputs):
+        # Declared in-place outputs are the caller's own (cloned) input: not the Function's to free.
+        if isinstance(out, torch.Tensor) and not any(out is a for a in leaves):
+            refs.append(weakref.ref(out))
+            labels.append(f"output[{position}] {tuple(out.shape)} {out.dtype}")
+    for node in nodes.values():
+        try:
+            refs.append(weakref.ref(node))
+        except TypeError:  # a node type without weakref support: the outputs still tell
+            continue
+        labels.append(f"graph node {type(node).__name__} (the ctx of {case.spec.fn.__qualname__})")
+    del nodes
+    if positions and wrt:
+        diff = [outputs[p] for p in positions]
+        grads = torch.autograd.grad(diff, wrt, case.grad_outputs(diff), allow_unused=True)
+        del grads, diff
+    del outputs, leaves, wrt
+    return refs, labels
+
+
+def check_saved_tensors(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data)
+    fn_name = target.spec.fn.__qualname__
+    execution = execute(case)
+    for call in execution.recorder.calls:
+        if call.ctx_tensor_attributes:
+            name, described = next(iter(call.ctx_tensor_attributes.items()))
+            others = sorted(set(call.ctx_tensor_attributes) - {name})
+            fail(
+                f"ctx.{name} holds a tensor ({described}), but should not [{fn_name}.forward]",
+                f"Use ctx.save_for_backward(...) in forward and ctx.saved_tensors in backward instead of "
+                f"ctx.{name} = tensor. Tensors on ctx attributes bypass autograd's check for in-place "
+                "modification before backward (silently wrong gradients), saved-tensor hooks, and release "
+                "after backward, and an output kept on ctx forms a reference cycle through the graph.",
+                f"Other ctx attributes holding tensors: {others}." if others else "",
+            )
+    if execution.backward_error is not None:
+        return  # a backward that fails is the other contracts' finding
+    del execution
+    refs, labels = _forward_backward_and_drop(case)
+    if any(ref() is not None for ref in refs):
+        # Reference counting frees an acyclic graph at once; only a survivor needs the (slow,
+        # whole-heap) cycle collector before it counts as a leak.
+        gc.collect()
+    alive = [label for ref, label in zip(refs, labels) if ref() is not None]
+    if alive:
+        fail(
+            f"{alive[0]} is alive after backward and after every reference to the outputs was dropped, "
+            f"but should be freed [{fn_name}]",
+            f"Still alive after gc.collect(): {alive}.",
+            "Something keeps the graph alive: a module-level cache or list of outputs/ctx objects, or a "
+            "reference cycle the garbage collector cannot break. Each call then leaks its whole graph "
+            "(and every tensor it saved).",
+        )
+
+
+def test_saved_tensors(conformance_target: Target) -> None:
+    conformance_target.run(check_saved_tensors)

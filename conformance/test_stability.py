@@ -1,0 +1,131 @@
+"""Contract stability: no NaN/Inf in outputs or gradients where the float64 reference is finite.
+
+Each example checks, in every dtype the spec lists, three families of inputs where NaN/Inf in
+backward are most often reported:
+
+* ``extreme``: one tensor input's magnitude drawn up towards the dtype's range (large logits;
+  at most 1e100 in float64), the others ordinary; every mask kind (incl. fully masked rows);
+* ``degenerate``: the same case with every tensor's last-dim rows constant (ties, zero
+  variance) and every mask fully masking a row;
+* ``single``: every named dim of size 1 (seqlen 1, single-element reductions; batch dims are
+  still drawn), extreme magnitudes.
+
+The truth is the spec's reference (surrogate for gradients of surrogate specs) in float64 on the
+CPU, evaluated on the very input values the implementation got (built in the tested dtype and
+upcast). Where the truth is finite and representable in the tested dtype, outputs and gradients
+must be finite; where it is NaN or +-inf, they must be the same. A truth the dtype cannot hold
+(float16 300**2) is not checked: a correct op may overflow there; nor is a position where the
+reference itself, run in the tested dtype, is not finite (plain PyTorch overflows there too). Ops undefined on part of the
+real line declare their domain (``Tensor(..., domain="positive")``) rather than being exempted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import execute
+from conformance.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
+from conformance.report import fail
+from conformance.runner import Target
+from strategies.cases import Case
+from strategies.values import MASK_KINDS
+
+FAMILIES = ("extreme", "degenerate", "single")
+
+
+def degenerate(case: Case) -> Case:
+    """``case`` with constant last-dim rows in every tensor and a fully masked row in every mask."""
+    recipes = tuple(
+        replace(r, constant_rows=True) if r.kind == "tensor" else replace(r, mask_kind="masked_rows") if r.kind == "mask" else r
+        for r in case.recipes
+    )
+    return replace(case, recipes=recipes, notes={**case.notes, "family": "degenerate"})
+
+
+def check_case(target: Target, case: Case, family: str) -> None:
+    """Outputs and gradients of ``case`` are finite wherever the float64 truth is (in range)."""
+    spec = target.spec
+    if target.context is not None:
+        target.context.case = case
+    dtype = case.dtype
+    fn_name = spec.fn.__qualname__
+    dtype_name = str(dtype).removeprefix("torch.")
+    scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if r.kind == "tensor")
+    impl = execute(case, raise_backward=True)
+    names = [recipe.name for recipe in case.recipes]
+    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
+    with strict_float32():
+        truth = evaluate_spec(spec, [upcast(a) for a in impl.args], names, grad_outputs)
+    # Where plain PyTorch (the reference in this dtype) overflows too, the dtype is at fault.
+    baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
+    context = f"{dtype_name}, {family} inputs ({scales})"
+    for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
+        if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and want.is_floating_point()):
+            continue
+        if got.shape != want.shape:
+            continue  # the reference contract reports shape mismatches
+        found = compare_finiteness(
+            got, want, dtype, baseline=base if isinstance(base, torch.Tensor) else None,
+            what=f"output[{position}]", where=f"{fn_name}.forward, {context}",
+        )
+        if found is not None:
+            fail(found.summary, found.details)
+    for name, got in impl.grads.items():
+        want = truth.grads.get(name)
+        if got is None or want is None or got.shape != want.shape:
+            continue
+        found = compare_finiteness(
+            got, want, dtype, baseline=baseline.grads.get(name),
+            what=f"grad[{name!r}]", where=f"{fn_name}.backward, input {name!r}, {context}",
+        )
+        if found is not None:
+            fail(found.summary, found.details)
+
+
+# float64 is its own truth (no headroom): past ~cbrt(max) a product of a few inputs overflows in
+# the truth and in a correct implementation alike, each in its own arbitrary way.
+FLOAT64_MAX_SCALE = 1e100
+
+
+def one_extreme(case: Case, data: st.DataObject) -> Case:
+    """Keep the extreme magnitude of one tensor input (drawn); the others get ordinary ones.
+
+    Two extreme inputs multiplied (``x @ w`` at 1e10 and 1e30) overflow in every implementation
+    in that dtype, which says nothing about the op's stability; one large input (large logits)
+    is what users report.
+    """
+    tensors = [i for i, r in enumerate(case.recipes) if r.kind == "tensor"]
+    if not tensors:
+        return case
+    keep = data.draw(st.sampled_from(tensors), label="extreme input")
+    limit = FLOAT64_MAX_SCALE if case.dtype == torch.float64 else math.inf
+    recipes = tuple(
+        replace(r, scale=min(r.scale, limit) if i == keep else min(r.scale, 1.0))
+        if r.kind == "tensor" and r.scale > 1.0
+        else r
+        for i, r in enumerate(case.recipes)
+    )
+    return replace(case, recipes=recipes)
+
+
+def check_stability(target: Target, data: st.DataObject) -> None:
+    for dtype in target.dtypes():
+        # Extreme magnitudes depend on the dtype's range: draw a case per dtype.
+        extreme = one_extreme(target.draw_case(data, dtypes=(dtype,), extreme=True, mask_kinds=MASK_KINDS), data)
+        check_case(target, extreme, "extreme")
+        check_case(target, degenerate(extreme), "degenerate")
+        single = target.draw_case(
+            data, dtypes=(dtype,), extreme=True, min_size=1, max_size=1, block_sizes=(), mask_kinds=MASK_KINDS
+        )
+        check_case(target, one_extreme(single, data), "single")
+
+
+def test_stability(conformance_target: Target) -> None:
+    if not conformance_target.dtypes():
+        pytest.skip("every dtype of this spec is excluded by --dtypes")
+    conformance_target.run(check_stability)

@@ -1,0 +1,152 @@
+"""Contract undefined_grads: backward copes with outputs the caller did not use.
+
+When only some outputs of a Function reach the loss, backward receives None for the others if
+forward called ``ctx.set_materialize_grads(False)``, and zeros otherwise; non-differentiable
+outputs (``ctx.mark_non_differentiable``) never get a real gradient either. For every Function
+with more than one tensor output, backward is run with each single differentiable output used
+and with each one left out; it must not raise, and its gradients must equal those of a backward
+through every output with zero grad_outputs for the unused ones (what "unused" means).
+
+Single-output Functions cannot receive an undefined grad_output (an unused sole output means
+backward is never called). Their examples still run forward and count the outputs, and the test
+is then skipped with that reason rather than reported as a pass it did not earn.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from conformance.harness import as_tuple, differentiable_positions, fixed_rng, forward_args
+from conformance.probe import BackwardCall, probe
+from conformance.report import describe_value, fail
+from conformance.runner import Target
+from strategies.cases import Case
+
+# Both runs compute the same quantity with the same kernels, except that one may skip adding a
+# zero term: allow reordering-level differences relative to max|expected|, nothing more.
+RELATIVE_TOLERANCE = {
+    torch.float64: 1e-7,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+
+
+class _Applicability:
+    """Whether any example had more than one tensor output (else the test is skipped)."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.outputs_seen: set[int] = set()
+
+
+def _used_subsets(positions: list[int], n_tensor_outputs: int) -> list[tuple[int, ...]]:
+    """Which differentiable outputs to use: each alone, and each left out (deduplicated)."""
+    if len(positions) >= 2:
+        singles = [(p,) for p in positions]
+        leave_one_out = list(itertools.combinations(positions, len(positions) - 1))
+        return list(dict.fromkeys(singles + leave_one_out))
+    if len(positions) == 1 and n_tensor_outputs >= 2:
+        return [tuple(positions)]  # the others are non-differentiable: always "unused"
+    return []
+
+
+def _grads(
+    case: Case, used: tuple[int, ...], *, zeros_for_unused: bool
+) -> tuple[list[torch.Tensor | None], BackwardCall | None, BaseException | None]:
+    """Forward, then backward through ``used`` outputs (or all, with zeros for the others)."""
+    probed, recorder = probe(case.spec.fn)
+    leaves = case.args()
+    with fixed_rng(case.grad_seed, case.device):  # Functions drawing random numbers draw the same ones
+        outputs = as_tuple(probed.apply(*forward_args(case, leaves)))
+    positions = differentiable_positions(outputs)
+    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    diff = [outputs[p] for p in positions]
+    grad_outputs = case.grad_outputs(diff)
+    if zeros_for_unused:
+        chosen = diff
+        chosen_grads = [g if p in used else torch.zeros_like(g) for p, g in zip(positions, grad_outputs)]
+    else:
+        chosen = [outputs[p] for p in used]
+        chosen_grads = [g for p, g in zip(positions, grad_outputs) if p in used]
+    try:
+        grads: list[torch.Tensor | None] = list(torch.autograd.grad(chosen, wrt, chosen_grads, allow_unused=True))
+    except Exception as error:  # explained from the probe's record by the caller
+        return [], recorder.calls[-1] if recorder.calls else None, error
+    return grads, recorder.calls[-1] if recorder.calls else None, None
+
+
+def check_undefined_grads(target: Target, data: st.DataObject, seen: _Applicability) -> None:
+    case = target.draw_case(data)
+    fn_name = target.spec.fn.__qualname__
+    probed, _ = probe(target.spec.fn)
+    args = case.args()
+    outputs = as_tuple(probed.apply(*forward_args(case, args)))
+    n_tensor_outputs = sum(isinstance(o, torch.Tensor) for o in outputs)
+    seen.outputs_seen.add(n_tensor_outputs)
+    subsets = _used_subsets(differentiable_positions(outputs), n_tensor_outputs)
+    if not subsets:
+        return  # one output, or nothing reaches backward: no grad_output can be undefined
+    seen.checked += 1
+    wrt_names = [r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    del args
+    for used in subsets:
+        unused = [p for p in range(len(outputs)) if isinstance(outputs[p], torch.Tensor) and p not in used]
+        where = f"{fn_name}.backward, outputs used: {list(used)}, unused: {unused}"
+        unused_text = ", ".join(f"output[{p}]" for p in unused)
+        grads, call, error = _grads(case, used, zeros_for_unused=False)
+        if error is not None:
+            received = ", ".join(describe_value(g) for g in call.grad_outputs) if call is not None else "?"
+            cause = call.error if call is not None and call.error is not None else error
+            fail(
+                f"backward raised {type(cause).__name__} when {unused_text} {'was' if len(unused) == 1 else 'were'} "
+                f"unused, but should handle {'it' if len(unused) == 1 else 'them'} [{where}]",
+                f"{type(cause).__name__}: {cause}",
+                f"backward received grad_outputs ({received}).",
+                "An output nobody uses gets grad_output None when forward called "
+                "ctx.set_materialize_grads(False) (zeros otherwise); non-differentiable outputs never get a "
+                "real one. Check `if grad is not None` before using each grad_output, or keep grads "
+                "materialized.",
+            )
+        expected, _, expected_error = _grads(case, used, zeros_for_unused=True)
+        if expected_error is not None:
+            return  # backward fails even with every output used: the other contracts' finding
+        for name, got, want in zip(wrt_names, grads, expected):
+            if want is None:
+                continue
+            actual = got if got is not None else torch.zeros_like(want)
+            rtol = RELATIVE_TOLERANCE.get(case.dtype, 1e-4)
+            finite = want[torch.isfinite(want)]
+            scale = float(finite.abs().max()) if finite.numel() else 0.0
+            # Compare where the zero-filled run is finite: 0 * inf there is NaN by construction.
+            mask = torch.isfinite(want)
+            try:
+                torch.testing.assert_close(
+                    actual.detach()[mask], want.detach()[mask], rtol=rtol, atol=rtol * (scale if scale > 0 else 1.0),
+                    check_dtype=False,
+                )
+            except AssertionError as mismatch:
+                fail(
+                    f"grad[{name!r}] with {unused_text} unused != grad with zero grad_outputs for them [{where}]",
+                    "An unused output contributes nothing: the gradient must equal the one computed with "
+                    "zeros as its grad_output.",
+                    str(mismatch),
+                )
+
+
+def test_undefined_grads(conformance_target: Target) -> None:
+    seen = _Applicability()
+
+    def check(target: Target, data: st.DataObject) -> None:
+        check_undefined_grads(target, data, seen)
+
+    conformance_target.run(check)
+    if not seen.checked and seen.outputs_seen and max(seen.outputs_seen) <= 1:
+        pytest.skip(
+            f"{conformance_target.spec.name!r} has a single output: an unused sole output means backward is "
+            "never called, so no grad_output can be undefined"
+        )

@@ -1,0 +1,37 @@
+"""Specs for the strategy meta-tests, built without registering them (the registry is global)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from conformance.spec import InputSpec, Spec
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> Any:
+        return args[0].clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad
+
+
+def make_spec(
+    inputs: Sequence[InputSpec], *, dtypes: Sequence[torch.dtype] = (torch.float64, torch.float32), name: str = "meta"
+) -> Spec:
+    return Spec(
+        fn=_Identity,
+        name=name,
+        inputs=tuple(inputs),
+        reference=lambda *args: args[0],
+        dtypes=tuple(dtypes),
+        devices=("cpu",),
+        double_backward=True,
+        surrogate=None,
+        mutates=(),
+        nondeterministic=False,
+    )

@@ -1,0 +1,166 @@
+"""The behavioural contracts needs_input_grad, inplace, saved_tensors and undefined_grads catch the
+known-buggy Functions in tests/zoo/behaviour_bugs_a.py with messages that say why, and pass the
+correct-but-unusual Functions in tests/zoo/unusual_correct_a.py and the bundled reference ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ZOO
+
+BEHAVIOUR = ("needs_input_grad", "inplace", "saved_tensors", "undefined_grads")
+CORE = ("return_count", "grad_meta", "gradcheck")
+SINGLE_OUTPUT_SKIP = "has a single output"
+
+# bug name -> the one behavioural contract it must fail
+INTENDED = {
+    "ignores_needs_input_grad": "needs_input_grad",
+    "swapped_needs_input_grad": "needs_input_grad",
+    "mutates_grad_output": "inplace",
+    "relu_input_in_place_without_mark_dirty": "inplace",
+    "modifies_saved_tensor": "inplace",
+    "grad_into_input_data": "inplace",
+    "returns_input_view": "inplace",
+    "tensor_on_ctx": "saved_tensors",
+    "caches_outputs": "saved_tensors",
+    "none_unaware_two_outputs": "undefined_grads",
+}
+
+MULTI_OUTPUT_CORRECT = {"none_aware_two_outputs", "max_with_index"}
+
+
+@pytest.fixture
+def bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "behaviour_bugs_a.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=4)
+
+
+@pytest.fixture
+def unusual(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "unusual_correct_a.py", contracts=(*BEHAVIOUR, *CORE), max_examples=4)
+
+
+# ------------------------------------------------------------------ needs_input_grad
+
+
+def test_ignoring_needs_input_grad_is_wasted_work(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("needs_input_grad", "ignores_needs_input_grad")
+    assert "but should be None" in text and "wasted work" in text
+    assert "grad['x']=Tensor(" in text or "grad['w']=Tensor(" in text
+    assert "ctx.needs_input_grad=(" in text and "Guard it with `if ctx.needs_input_grad[" in text
+    bugs.passed("gradcheck", "ignores_needs_input_grad")  # the engine drops the extra gradient
+
+
+def test_swapped_needs_input_grad_misses_the_needed_gradient(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("needs_input_grad", "swapped_needs_input_grad")
+    assert "=None, but should be a Tensor" in text
+    assert "requires_grad: ['x']" in text or "requires_grad: ['w']" in text  # exactly one input
+    assert "wrong index" in text
+    bugs.passed("gradcheck", "swapped_needs_input_grad")  # gradcheck makes every input require grad
+
+
+# ------------------------------------------------------------------ inplace
+
+
+def test_grad_output_scaled_in_place_fails_inplace_but_gradcheck_passes(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "mutates_grad_output")
+    assert "grad_output[0] was modified in place by backward" in text
+    assert "returned as grad['x']" in text and "grad_output.mul_(2)" in text
+    bugs.passed("gradcheck", "mutates_grad_output")
+
+
+def test_undeclared_in_place_forward_fails_inplace(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "relu_input_in_place_without_mark_dirty")
+    assert "input 'x' was modified in place by forward, but should be unchanged" in text
+    assert "version counter 0 -> 1" in text and "ctx.mark_dirty(x)" in text and "mutates=['x']" in text
+
+
+def test_saved_tensor_modified_in_backward_fails_inplace(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "modifies_saved_tensor")
+    assert "ctx.saved_tensors[0] was modified in place by backward" in text
+
+
+def test_gradient_written_through_data_fails_inplace_but_gradcheck_passes(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "grad_into_input_data")
+    assert "input 'x' was modified in place by backward" in text
+    assert "went through .data" in text  # the version counter did not move
+    assert "returned its memory as grad['x']" in text
+    bugs.passed("gradcheck", "grad_into_input_data")
+
+
+def test_view_of_input_as_output_fails_inplace(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "returns_input_view")
+    assert "output[0] shares memory with input 'x'" in text and "x.clone()" in text
+
+
+def test_ctx_buffer_clobbered_by_backward_fails_the_rerun(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "accumulates_into_ctx_buffer")
+    assert "grad['x'] on the second backward != first backward" in text
+    assert "Mismatched elements" in text  # assert_close's numbers
+    assert "ctx.buffer holds a tensor" in bugs.failed("saved_tensors", "accumulates_into_ctx_buffer")
+
+
+# ------------------------------------------------------------------ saved_tensors
+
+
+def test_tensor_on_ctx_fails_saved_tensors_but_gradcheck_passes(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("saved_tensors", "tensor_on_ctx")
+    assert "ctx.x holds a tensor ((" in text and "use ctx.save_for_backward" in text.lower()
+    bugs.passed("gradcheck", "tensor_on_ctx")
+    bugs.passed("inplace", "tensor_on_ctx")
+
+
+def test_output_cache_leak_fails_saved_tensors(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("saved_tensors", "caches_outputs")
+    assert "output[0]" in text and "is alive after backward" in text and "should be freed" in text
+    assert "CachesOutputsBackward" in text  # the graph node leaks with it
+
+
+# ------------------------------------------------------------------ undefined_grads
+
+
+def test_none_grad_output_unhandled_fails_undefined_grads(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("undefined_grads", "none_unaware_two_outputs")
+    assert "backward raised TypeError when output[" in text and "unused" in text
+    assert "None)" in text or "(None," in text  # the grad_outputs it received
+    assert "set_materialize_grads(False)" in text
+
+
+# ------------------------------------------------------------------ one finding per bug
+
+
+@pytest.mark.parametrize("name", sorted(INTENDED))
+def test_each_bug_fails_only_its_behavioural_contract(bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    for contract in BEHAVIOUR:
+        outcome = bugs.outcome(contract, name)
+        if contract == INTENDED[name]:
+            assert outcome == "failed"
+        elif contract == "undefined_grads" and outcome == "skipped":
+            assert SINGLE_OUTPUT_SKIP in bugs.verdict(contract, name).text
+        else:
+            assert outcome == "passed", f"{contract}[{name}] {outcome}:\n{bugs.verdict(contract, name).text}"
+
+
+# ------------------------------------------------------------------ no false positives
+
+
+def test_unusual_but_correct_functions_pass(unusual) -> None:  # type: ignore[no-untyped-def]
+    names = unusual.names()
+    assert {
+        "scale_trailing_nones", "none_aware_two_outputs", "max_with_index", "double_in_place",
+        "exp_saves_output", "copy_returns_grad_output", "sum_expands_grad_output", "mul_setup_context",
+    } <= names
+    for (contract, name, device), verdict in unusual.verdicts.items():
+        if contract == "undefined_grads" and name not in MULTI_OUTPUT_CORRECT:
+            assert verdict.outcome == "skipped" and SINGLE_OUTPUT_SKIP in verdict.text, f"{name}: {verdict.text}"
+            continue
+        assert verdict.outcome == "passed", f"{contract}[{name}-{device}]:\n{verdict.text}"
+
+
+def test_reference_ops_pass_behavioural_contracts(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops", contracts=BEHAVIOUR, max_examples=4)
+    assert {"square", "sigmoid", "linear", "logsumexp", "swish"} <= run.names()
+    for (contract, name, device), verdict in run.verdicts.items():
+        if verdict.outcome == "skipped" and contract == "undefined_grads":
+            assert SINGLE_OUTPUT_SKIP in verdict.text, verdict.text
+            continue
+        assert verdict.outcome == "passed", f"{contract}[{name}-{device}]:\n{verdict.text}"

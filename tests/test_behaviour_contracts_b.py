@@ -1,0 +1,114 @@
+"""The gradgradcheck, layouts, determinism and devices contracts catch the known-buggy Functions in
+tests/zoo/behaviour_bugs_b.py with messages that say why, and pass the correct but unusual ones in
+tests/zoo/unusual_correct_b.py. (The bundled reference ops are checked by `pytest conformance`
+itself: loading reference_ops, with its Triton kernels, in a second in-process run of one session
+breaks the Triton interpreter.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import ZOO
+
+BEHAVIOUR = ("gradgradcheck", "layouts", "determinism", "devices")
+CORE = ("return_count", "grad_meta", "gradcheck")
+
+
+@pytest.fixture
+def bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "behaviour_bugs_b.py", contracts=BEHAVIOUR + ("gradcheck",))
+
+
+def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "unusual_correct_b.py", contracts=BEHAVIOUR + CORE)
+    assert {"once_differentiable_softplus", "sign_ste_hardtanh", "gumbel_softmax_b", "cube"} <= run.names()
+    for (contract, name, device), verdict in run.verdicts.items():
+        if contract == "devices" or device == "cuda":
+            continue  # no CUDA here: see test_devices_skips_with_reasons
+        assert verdict.outcome == "passed", f"{contract}[{name}-{device}]:\n{verdict.text}"
+
+
+def test_devices_skips_with_reasons(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "unusual_correct_b.py", "--device=auto", contracts=("devices",))
+    cpu = run.verdict("devices", "cube", "cpu")
+    assert cpu.outcome == "skipped" and "devices compares cpu against cuda" in cpu.text
+    cuda = run.verdict("devices", "cube", "cuda")
+    if not torch.cuda.is_available():
+        assert cuda.outcome == "skipped" and "CUDA is not available" in cuda.text
+    else:
+        assert cuda.outcome == "passed", cuda.text
+
+
+# ----------------------------------------------------------------------------- gradgradcheck
+
+
+def test_saved_intermediate_fails_gradgradcheck_but_gradcheck_passes(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "saved_intermediate_silu")
+    assert "d(grad['x'])/d('x') analytical != numerical" in text
+    assert "saved_tensors[1]" in text and "carries no graph back to the inputs" in text
+    assert "Recompute it in backward" in text
+    bugs.passed("gradcheck", "saved_intermediate_silu")
+
+
+def test_detach_in_backward_fails_gradgradcheck(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "detach_in_backward")
+    assert "analytical second derivative is None" in text
+    assert "does not depend on 'x' through the autograd graph" in text
+    bugs.passed("gradcheck", "detach_in_backward")
+
+
+def test_no_grad_backward_fails_gradgradcheck(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "no_grad_backward")
+    assert "grad['x'] is not attached to the autograd graph" in text and "torch.no_grad()" in text
+    bugs.passed("gradcheck", "no_grad_backward")
+
+
+def test_declared_once_differentiable_that_runs_double_backward_fails(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "silent_once_differentiable")
+    assert "double backward ran without raising, but the spec declares double_backward=False" in text
+    assert "silently WRONG" in text and "once_differentiable" in text
+
+
+def test_declared_once_differentiable_that_detaches_fails(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "silent_no_grad_once_differentiable")
+    assert "requires_grad=False under create_graph=True, but double backward should raise" in text
+    assert "gradient penalty" in text
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def test_storage_read_as_contiguous_fails_layouts(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("layouts", "storage_read_scale")
+    assert "with non-contiguous layouts != " in text and "with contiguous layouts and the same values" in text
+    assert "layouts: x: " in text and "stride" in text
+    assert "Mismatched elements" in text
+    bugs.passed("determinism", "storage_read_scale")
+    bugs.passed("gradcheck", "storage_read_scale")  # gradcheck only feeds contiguous tensors
+
+
+def test_contiguous_grad_output_assumed_fails_layouts(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("layouts", "contiguous_grad_output_assumed")
+    assert "grad['x']" in text and "grad_output[0]: stride" in text
+    bugs.passed("gradcheck", "contiguous_grad_output_assumed")
+    bugs.passed("gradgradcheck", "contiguous_grad_output_assumed")
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_undeclared_noise_fails_determinism(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("determinism", "undeclared_noise")
+    assert "outputs[0] differs between two calls with identical inputs" in text
+    assert "declare nondeterministic=True" in text and "Mismatched elements" in text
+
+
+def test_noisy_backward_fails_determinism(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("determinism", "noisy_backward")
+    assert "grad['x'] differs between two calls with identical inputs" in text
+
+
+def test_correct_functions_in_bug_zoo_pass_determinism(bugs) -> None:  # type: ignore[no-untyped-def]
+    for name in ("saved_intermediate_silu", "detach_in_backward", "contiguous_grad_output_assumed"):
+        bugs.passed("determinism", name)

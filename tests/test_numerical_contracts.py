@@ -1,0 +1,184 @@
+"""The reference and stability contracts catch the numerically buggy Functions in
+tests/zoo/numeric_bugs.py, pass their correct counterparts and the bundled reference ops, and
+the tolerance policy's pieces (rounding-step floor, representable range, resampled baseline)
+behave as documented in conformance/numerics.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conformance import SpecError, Tensor, register
+from conformance.numerics import (
+    checked_positions,
+    compare_budget,
+    compare_finiteness,
+    multiplier,
+    neighbour,
+    ulp,
+)
+from conformance.spec import MAX_TOLERANCE, registered
+from strategies.values import tensor_from_seed
+from tests.conftest import ZOO
+
+NUMERIC = ("reference", "stability")
+
+
+@pytest.fixture
+def numeric_bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "numeric_bugs.py", contracts=NUMERIC, max_examples=4)
+
+
+# --------------------------------------------------------------------------- bugs are caught
+
+
+def test_naive_logsumexp_fails_stability_at_large_logits(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = numeric_bugs.failed("stability", "naive_logsumexp")
+    assert "[stability] NaiveLogSumExp" in text
+    assert "but should be finite (float64 reference:" in text and "extreme inputs" in text
+
+
+def test_naive_softmax_fails_stability_at_large_logits(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = numeric_bugs.failed("stability", "naive_softmax")
+    assert "=nan, but should be finite" in text and "NaiveSoftmax.forward" in text
+
+
+def test_float16_backward_reduction_fails_reference_in_float32(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    text = numeric_bugs.failed("reference", "softmax_half_reduction")
+    assert "max|grad['x'] - reference|=" in text and "float32" in text
+    assert "Mismatched elements:" in text and "Allowed:" in text and "Baseline error" in text
+    numeric_bugs.passed("stability", "softmax_half_reduction")  # finite, just imprecise
+
+
+def test_layernorm_forgetting_eps_in_backward_fails_stability(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    # Constant rows (zero variance) are checked in every example: rsqrt(0) = inf, inf * 0 = NaN.
+    text = numeric_bugs.failed("stability", "layer_norm_no_eps_backward")
+    assert "grad['x']" in text and "but should be finite" in text
+    assert "LayerNormNoEpsBackward.backward" in text
+
+
+def test_masked_attention_nan_rows_fails_stability(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    # Every example also checks the degenerate family, whose masks fully mask a row.
+    text = numeric_bugs.failed("stability", "masked_attention_nan_rows")
+    assert "output[0]" in text and "=nan, but should be finite (float64 reference: 0)" in text
+
+
+# --------------------------------------------------------------------------- correct ones pass
+
+
+@pytest.mark.parametrize(
+    "name", ["stable_logsumexp", "stable_softmax", "layer_norm_ok", "masked_attention_ok", "double_minus_x"]
+)
+def test_correct_counterparts_pass(numeric_bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    numeric_bugs.passed("reference", name)
+    if name != "double_minus_x":  # 3x overflows before 2x does: not a stability claim
+        numeric_bugs.passed("stability", name)
+
+
+def test_reference_ops_pass_numerical_contracts(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops", contracts=NUMERIC, max_examples=2)
+    for (contract, name, device), verdict in run.verdicts.items():
+        if device == "cpu":
+            assert verdict.outcome == "passed", f"{contract}[{name}-{device}]:\n{verdict.text}"
+
+
+# --------------------------------------------------------------------------- the policy's pieces
+
+
+def test_floor_lets_an_exact_reference_pass() -> None:
+    """2x is exact in float16 (baseline error 0); 3x - x is not. Without the floor, a pure
+    multiplier would demand bit-exactness (flash-attention issue #1231)."""
+    x = tensor_from_seed((256,), torch.float16, seed=3, scale=10.0)
+    truth, baseline, impl = x.double() * 2, x * 2, x * 3 - x
+    assert float((baseline.double() - truth).abs().max()) == 0.0
+    assert float((impl.double() - truth).abs().max()) > 0.0
+    assert compare_budget(impl, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is None
+    wrong = impl + ulp(float(truth.abs().max()), torch.float16) * 3  # 3 rounding steps everywhere
+    assert compare_budget(wrong, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is not None
+
+
+def test_ulp_is_the_spacing_of_the_dtype() -> None:
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for value in (1.0, 3.0, 1000.0, 1e-3):
+            one = torch.tensor(value, dtype=dtype)
+            assert ulp(float(one), dtype) == float(torch.nextafter(one, torch.tensor(math.inf, dtype=dtype)) - one)
+    assert ulp(0.0, torch.float16) == float(torch.finfo(torch.float16).eps * torch.finfo(torch.float16).tiny)
+
+
+def test_values_beyond_the_dtype_range_are_not_checked() -> None:
+    truth = torch.tensor([90000.0, 1.0], dtype=torch.float64)  # 300**2 does not fit float16
+    impl = torch.tensor([math.inf, 1.0], dtype=torch.float16)
+    assert checked_positions(truth, torch.float16).tolist() == [False, True]
+    assert compare_finiteness(impl, truth, torch.float16, what="output[0]", where="test") is None
+    nan = torch.tensor([math.inf, math.nan], dtype=torch.float16)
+    found = compare_finiteness(nan, truth, torch.float16, what="output[0]", where="test")
+    assert found is not None and "output[0][1]=nan, but should be finite (float64 reference: 1)" in found.summary
+
+
+def test_where_plain_pytorch_overflows_too_the_dtype_is_at_fault() -> None:
+    truth = torch.tensor([2e37, 1.0], dtype=torch.float64)  # representable, but x*w overflowed
+    impl = torch.tensor([math.nan, 1.0], dtype=torch.bfloat16)
+    baseline = torch.tensor([math.nan, 1.0], dtype=torch.bfloat16)
+    assert compare_finiteness(impl, truth, torch.bfloat16, what="o", where="t") is not None
+    assert compare_finiteness(impl, truth, torch.bfloat16, baseline=baseline, what="o", where="t") is None
+
+
+def test_nonfinite_truth_must_be_matched_in_low_precision() -> None:
+    truth = torch.tensor([-math.inf, 1.0], dtype=torch.float64)
+    impl = torch.tensor([-65504.0, 1.0], dtype=torch.float16)
+    found = compare_finiteness(impl, truth, torch.float16, what="grad['x']", where="t")
+    assert found is not None and "but should be -inf" in found.summary
+
+
+def test_resampled_baseline_raises_the_budget() -> None:
+    truth = torch.tensor([1.0], dtype=torch.float64)
+    impl = torch.tensor([1.0 + 2**-20], dtype=torch.float32)
+    baseline = torch.tensor([1.0], dtype=torch.float32)
+    assert compare_budget(impl, truth, baseline, torch.float32, k=3, what="o", where="t") is not None
+    other = (torch.tensor([1.0 + 2**-21], dtype=torch.float32), torch.tensor([1.0], dtype=torch.float64))
+    assert compare_budget(impl, truth, baseline, torch.float32, resampled=[other], k=3, what="o", where="t") is None
+
+
+def test_neighbour_moves_each_element_at_most_one_step() -> None:
+    x = tensor_from_seed((100,), torch.bfloat16, seed=1)
+    moved = neighbour(x, torch.Generator().manual_seed(0))
+    steps = (moved.double() - x.double()).abs()
+    spacing = torch.tensor([ulp(abs(float(v)), torch.bfloat16) for v in x]).double()
+    assert bool((steps <= spacing).all()) and bool((steps > 0).any())
+
+
+@pytest.fixture
+def clean_registry():  # type: ignore[no-untyped-def]
+    """Leave the global registry as it was (these specs are for this test only)."""
+    from conformance import spec as spec_module
+
+    saved = list(spec_module._REGISTRY)
+    yield
+    spec_module._REGISTRY[:] = saved
+
+
+def test_tolerance_override_and_cap(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            return g * 2
+
+    register(
+        Twice, name="numerics_twice_override", inputs=[Tensor("x", "n")], reference=lambda x: x * 2,
+        dtypes=(torch.float32, torch.float16), tolerances={torch.float16: {"grad": 5}},
+    )
+    spec = next(s for s in registered() if s.name == "numerics_twice_override")
+    assert multiplier(spec, torch.float16, "grad") == 5
+    assert multiplier(spec, torch.float16, "output") == 2
+    assert multiplier(spec, torch.float32, "grad") == 3
+    with pytest.raises(SpecError, match="tolerances"):
+        register(
+            Twice, name="numerics_twice_too_loose", inputs=[Tensor("x", "n")], reference=lambda x: x * 2,
+            dtypes=(torch.float16,), tolerances={torch.float16: {"grad": MAX_TOLERANCE * 2}},
+        )

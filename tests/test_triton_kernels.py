@@ -1,0 +1,95 @@
+"""The suite on Triton kernels: the reference Triton Functions pass every contract, and the
+known-buggy kernels in tests/zoo/triton_bugs.py fail the contract meant to catch them.
+
+Without a GPU the kernels run under the Triton interpreter (CPU tensors); the whole module is
+skipped when Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Before anything imports a kernel module: the interpreter is chosen at decoration time.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'autograd-conformance[triton]')")
+
+from tests.conftest import ZOO
+
+TRITON_REFERENCE = ("triton_softmax", "triton_gated")
+# Contracts that skip, with a reason, for a single-output Function on a CPU-only run.
+MAY_SKIP = ("undefined_grads", "devices")
+BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
+
+
+def kernel_device() -> str:
+    """Where the kernels run: CPU tensors under the interpreter, else CUDA."""
+    from reference_ops.triton._common import interpreted
+    from reference_ops.triton.softmax import _softmax_fwd
+
+    return "cpu" if interpreted(_softmax_fwd) else "cuda"
+
+
+@pytest.fixture
+def device() -> str:
+    return kernel_device()
+
+
+@pytest.fixture
+def triton_bugs(conformance_run, device):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "triton_bugs.py", f"--device={device}", contracts=BUG_CONTRACTS, max_examples=4)
+
+
+def test_triton_reference_ops_registered_where_they_run() -> None:
+    import reference_ops.triton as kernels
+    from reference_ops.triton._common import interpreted
+
+    interpreting = interpreted(kernels.softmax._softmax_fwd)
+    if not torch.cuda.is_available():
+        assert interpreting, "without CUDA the kernels must have been decorated under TRITON_INTERPRET=1"
+    from conformance.spec import registered
+
+    specs = {s.name: s for s in registered() if s.name in TRITON_REFERENCE}
+    assert set(specs) == set(TRITON_REFERENCE)
+    for spec in specs.values():
+        assert torch.float64 in spec.dtypes  # gradcheck runs on the kernels themselves
+        # The interpreter gets bfloat16 wrong silently; natively only CUDA tensors work.
+        assert (torch.bfloat16 in spec.dtypes) == (not interpreting)
+        assert spec.devices == (("cpu", "cuda") if interpreting else ("cuda",))
+
+
+def test_triton_reference_ops_pass_every_contract(conformance_run, device) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops.triton", f"--device={device}", max_examples=3)  # every contract
+    assert set(TRITON_REFERENCE) <= run.names()
+    for (contract, name, where), verdict in run.verdicts.items():
+        if contract in MAY_SKIP:
+            assert verdict.outcome in ("passed", "skipped"), f"{contract}[{name}-{where}]:\n{verdict.text}"
+            continue
+        assert verdict.outcome == "passed", f"{contract}[{name}-{where}]:\n{verdict.text}"
+    for name in TRITON_REFERENCE:
+        for contract in ("gradcheck", "reference", "inplace", "layouts"):
+            run.passed(contract, name, device)
+
+
+def test_gradient_stored_into_input_fails_inplace(triton_bugs, device) -> None:  # type: ignore[no-untyped-def]
+    text = triton_bugs.failed("inplace", "triton_grad_into_input", device)
+    assert "input 'x' was modified in place by backward, but should be unchanged [GradIntoInput.backward]" in text
+    assert "unchanged: the write went through .data, .detach() or a raw pointer" in text
+    assert "backward returned its memory as grad['x']" in text
+    # The raw gradients are well-formed: only the in-place write is wrong.
+    triton_bugs.passed("return_count", "triton_grad_into_input", device)
+    triton_bugs.passed("grad_meta", "triton_grad_into_input", device)
+
+
+def test_dropped_tail_fails_gradcheck_and_reference(triton_bugs, device) -> None:  # type: ignore[no-untyped-def]
+    text = triton_bugs.failed("gradcheck", "triton_dropped_tail", device)
+    assert "analytical grad['x'] != numerical" in text
+    text = triton_bugs.failed("reference", "triton_dropped_tail", device)
+    assert "grad['x']" in text and "Mismatched elements" in text
+    # Shapes, dtypes and aliasing are fine: only the values of the tail are missing.
+    for contract in ("return_count", "grad_meta", "inplace"):
+        triton_bugs.passed(contract, "triton_dropped_tail", device)

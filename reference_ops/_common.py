@@ -11,10 +11,18 @@ HALF_FLOATS = (torch.float16, torch.bfloat16)
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """float16/bfloat16 -> float32, anything else unchanged (a differentiable cast).
+    """A contiguous copy in the accumulation dtype: float16/bfloat16 -> float32, float32 -> float64.
 
-    Compound kernels (reductions, normalisations, attention) accumulate in float32 the way fused
-    GPU kernels do; the result is cast back to the input dtype, so it is at least as accurate
-    as the reference evaluated in the low-precision dtype.
+    Compound ops (reductions, normalisations, attention, products) compute in a wider dtype and
+    round once at the end, the way fused kernels accumulate float16 in float32; so their error
+    is about one final rounding, never more than the reference's own error in that dtype. The
+    contiguous copy makes the arithmetic (and so the rounding) independent of the caller's
+    memory layout, as a kernel that calls ``.contiguous()`` on its inputs. Both steps are
+    differentiable, so double backward sees through them. float64 stays float64 (contiguous).
     """
-    return tensor.float() if tensor.dtype in HALF_FLOATS else tensor
+    tensor = tensor.contiguous()
+    if tensor.dtype in HALF_FLOATS:
+        return tensor.float()
+    if tensor.dtype == torch.float32:
+        return tensor.double()
+    return tensor

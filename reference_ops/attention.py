@@ -16,7 +16,8 @@ Seed patterns shown:
   is drawn (4 or 16) so partial and multiple blocks both occur; seqlen_q and seqlen_k are
   independent dims.
 
-float16/bfloat16 inputs are computed with float32 accumulation, as the kernels do.
+Computed on contiguous copies in a wider dtype (float32 for float16/bfloat16, float64 for
+float32), rounded once at the end; see ``reference_ops._common.upcast``.
 """
 
 from __future__ import annotations

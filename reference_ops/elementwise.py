@@ -19,7 +19,7 @@ an input within 1e-6 of the kink (about 1e-6 per element). In low precision an i
 of such rounding.
 
 Simple ops compute in the input dtype with exactly the reference's expression (their rounding
-error then equals the reference's); GELU upcasts float16/bfloat16 to float32 like a fused kernel.
+error then equals the reference's); GELU computes in a wider dtype (``reference_ops._common.upcast``).
 """
 
 from __future__ import annotations

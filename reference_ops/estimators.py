@@ -6,7 +6,9 @@ Seed patterns shown:
 * ``ClippedSTE`` -- seed 003 ``SignClippedSTE``: forward sign(x), backward passes where |x| < 1.
 * ``FakeQuant`` -- seed 000 ``FakeQuant``: round-to-grid in forward, straight-through backward.
 * ``GradientReversal`` / ``GradientScale``: identity forward, backward multiplies by -alpha / s.
-* ``GumbelSoftmax`` -- seed 003 ``GumbelSoftmax`` (soft sample).
+* ``GumbelSoftmax`` -- seed 003 ``GumbelSoftmax`` (soft sample) with its noise as an input.
+* ``GumbelSoftmaxSample`` -- seed 003 ``GumbelSoftmax`` as written, noise drawn in forward,
+  declared ``nondeterministic=True``.
 * ``Embedding`` -- a declared-nondeterministic backward (accumulation order varies per call).
 
 How these are checked: each declares ``surrogate=``, a plain differentiable function whose
@@ -52,6 +54,7 @@ __all__ = [
     "GradientReversal",
     "GradientScale",
     "GumbelSoftmax",
+    "GumbelSoftmaxSample",
     "SignSTE",
     "gumbel_softmax",
 ]
@@ -183,23 +186,25 @@ def _gumbel_softmax_reference(logits: torch.Tensor, u: torch.Tensor, tau: float)
 
 
 class GumbelSoftmax(torch.autograd.Function):
-    """y = softmax((logits + g) / tau), g = -log(-log(u)) from explicit uniforms u; saves y."""
+    """y = softmax((logits + g) / tau), g = -log(-log(u)) from explicit uniforms u."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, u: torch.Tensor, tau: float) -> torch.Tensor:
-        y = _gumbel_softmax_reference(upcast(logits), upcast(u), tau).to(logits.dtype)
-        ctx.save_for_backward(y)
+        ctx.save_for_backward(logits, u)
         ctx.tau = tau
-        return y
+        return _gumbel_softmax_reference(upcast(logits), upcast(u), tau).to(logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        (y,) = ctx.saved_tensors
-        yf, g = upcast(y), upcast(grad_output)
+        logits, u = ctx.saved_tensors
+        # y recomputed in the accumulation dtype rather than saved rounded: the log(-log(u))
+        # noise is ill-conditioned, and the rounded output would carry that error into the gradient.
+        yf = _gumbel_softmax_reference(upcast(logits), upcast(u), ctx.tau)
+        g = upcast(grad_output)
         grad = yf * (g - (g * yf).sum(dim=-1, keepdim=True)) / ctx.tau
-        return grad.to(y.dtype), None, None  # u is a noise source: no gradient
+        return grad.to(logits.dtype), None, None  # u is a noise source: no gradient
 
 
 register(
@@ -215,6 +220,46 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     """The sampling wrapper a model calls: fresh uniforms from torch's RNG each call."""
     u = torch.rand_like(logits).clamp_(torch.finfo(logits.dtype).tiny, 1.0 - torch.finfo(logits.dtype).eps)
     return GumbelSoftmax.apply(logits, u, tau)
+
+
+def _uniform_noise(logits: torch.Tensor) -> torch.Tensor:
+    """Uniforms for Gumbel noise from torch's global RNG, drawn in float64 so every dtype of a
+    call sees the same numbers under the same seed, and kept off 0 and 1."""
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device)
+    return u.clamp_(1e-12, 1.0 - 1e-12)
+
+
+class GumbelSoftmaxSample(torch.autograd.Function):
+    """Seed 003's GumbelSoftmax as written: the noise is drawn inside forward (declared
+    nondeterministic). The drawn uniforms are saved, so backward differentiates the sample
+    forward actually returned."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, tau: float) -> torch.Tensor:
+        u = _uniform_noise(logits)
+        ctx.save_for_backward(logits, u)
+        ctx.tau = tau
+        return _gumbel_softmax_reference(upcast(logits), u, tau).to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        logits, u = ctx.saved_tensors
+        yf = _gumbel_softmax_reference(upcast(logits), u, ctx.tau)
+        g = upcast(grad_output)
+        return (yf * (g - (g * yf).sum(dim=-1, keepdim=True)) / ctx.tau).to(logits.dtype), None
+
+
+register(
+    GumbelSoftmaxSample,
+    name="gumbel_softmax_sample",
+    inputs=[Tensor("logits", "*batch n"), Scalar("tau", 0.5)],
+    # Draws its uniforms the same way, so under the same RNG state it is the same sample.
+    reference=lambda logits, tau: _gumbel_softmax_reference(logits, _uniform_noise(logits).to(logits.dtype), tau),
+    dtypes=ALL_FLOATS,
+    nondeterministic=True,
+)
 
 
 class Embedding(torch.autograd.Function):

@@ -13,7 +13,7 @@ Seed patterns shown:
   an unreduced gradient, which is why ``grad_meta`` checks the raw return).
 * ``Conv1d`` -- seed 002 ``CustomConv1d`` (``torch.nn.grad.conv1d_input`` / ``conv1d_weight``).
 
-Products accumulate in float32 for float16/bfloat16 inputs (see ``reference_ops._common.upcast``).
+Products accumulate in a wider dtype on contiguous copies (see ``reference_ops._common.upcast``).
 """
 
 from __future__ import annotations

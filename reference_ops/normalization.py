@@ -11,8 +11,8 @@ seed 002's ``CheckpointedFunction`` idea applied to the per-row statistics.
 
 Backward recomputes mean / rstd from the saved input instead of saving them: saved
 intermediates are constants to double backward, and these ops are declared twice
-differentiable. Constant rows give zero variance; ``eps`` keeps rstd finite there. float16 and
-bfloat16 are computed in float32.
+differentiable. Constant rows give zero variance; ``eps`` keeps rstd finite there. float16,
+bfloat16 and float32 are computed in a wider dtype (``reference_ops._common.upcast``).
 """
 
 from __future__ import annotations

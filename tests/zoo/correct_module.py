@@ -10,18 +10,18 @@ from conformance import Scalar, Tensor, register
 
 
 class ScaledTanh(torch.autograd.Function):
-    """y = tanh(x) * scale; saves the output."""
+    """y = tanh(x) * scale; saves the input, so backward stays differentiable (twice)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
-        y = torch.tanh(x)
-        ctx.save_for_backward(y)
+        ctx.save_for_backward(x)
         ctx.scale = scale
-        return y * scale
+        return torch.tanh(x) * scale
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (y,) = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        y = torch.tanh(x)
         return grad_output * ctx.scale * (1 - y * y), None
 
 

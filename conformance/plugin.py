@@ -350,7 +350,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     function, _, param = report.nodeid.rpartition("::")[2].partition("[")
     if report.when != "call" and report.passed:
         return
-    outcome = report.outcome
+    outcome: str = report.outcome
     if hasattr(report, "wasxfail"):
         outcome = "xfailed" if report.skipped else "xpassed"
     elif report.when != "call" and report.failed:

@@ -104,14 +104,14 @@ def check_devices(target: Target, data: st.DataObject) -> None:
 
     for position, (got, want) in enumerate(zip(on_cuda.outputs, on_cpu.outputs)):
         expected64 = reference[0][position] if reference and position < len(reference[0]) else None
-        _compare(spec, got, want, f"outputs[{position}]", f"{fn_name}.forward", lambda c: budget(c, expected64, "output"))
+        _compare(spec, got, want, f"outputs[{position}]", f"{fn_name}.forward", lambda c, e=expected64: budget(c, e, "output"))
     for name, want in on_cpu.grads.items():
         got = on_cuda.grads.get(name)
         if (got is None) != (want is None):
             fail(f"grad[{name!r}] is {'None' if got is None else 'a tensor'} on cuda, but {'None' if want is None else 'a tensor'} on cpu")
         if got is not None and want is not None:
             expected64 = reference[1].get(name) if reference else None
-            _compare(spec, got, want, f"grad[{name!r}]", f"{fn_name}.backward", lambda c: budget(c, expected64, "grad"))
+            _compare(spec, got, want, f"grad[{name!r}]", f"{fn_name}.backward", lambda c, e=expected64: budget(c, e, "grad"))
 
 
 def _check_placement(execution: Execution, fn_name: str) -> None:

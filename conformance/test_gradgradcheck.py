@@ -170,7 +170,7 @@ def _diagnose(
 ) -> str:
     """A sentence naming the likely cause of a gradgradcheck failure, or ''."""
     grad_outputs, grads = _first_grads(call, case, wrt)
-    for name, grad in zip(names, grads):
+    for grad in grads:
         if grad is not None and grad.grad_fn is not None and "Error" in grad.grad_fn.name():
             return CAUSE_ONCE
     for name, grad in zip(names, grads):

@@ -149,11 +149,11 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
         )
     layouts = _describe_layouts(case, strided.args, strided.grad_outputs)
     if strided.backward_error is not None:
-        error = strided.backward_error
+        backward_error = strided.backward_error
         fail(
-            f"backward raised {type(error).__name__} with non-contiguous inputs or grad_output, but runs on contiguous ones",
+            f"backward raised {type(backward_error).__name__} with non-contiguous inputs or grad_output, but runs on contiguous ones",
             f"layouts: {layouts}",
-            f"{type(error).__name__}: {error}",
+            f"{type(backward_error).__name__}: {backward_error}",
             "grad_output can be non-contiguous or stride-0 (y.sum().backward() passes an expanded "
             "grad_output): call grad_output.contiguous() before indexing it as contiguous memory.",
         )

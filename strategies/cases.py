@@ -243,9 +243,10 @@ class Case:
         ]
         module = sys.modules.get(fn.__module__)
         top = fn.__qualname__.split(".")[0]
-        if fn.__module__.startswith("_conformance_impl_") and getattr(module, "__file__", None):
+        source_file = getattr(module, "__file__", None) or self.spec.source_file
+        if fn.__module__.startswith("_conformance_impl_") and source_file:
             lines.append("from conformance.loader import import_path")
-            lines.append(f"{top} = import_path({module.__file__!r}).{top}")
+            lines.append(f"{top} = import_path({source_file!r}).{top}")
         else:
             lines.append(f"from {fn.__module__} import {top}")
         names = []
@@ -290,7 +291,7 @@ def fit_to_budget(
         largest_numel, largest = max(numels, key=lambda pair: pair[0])
         if largest_numel <= max_elements:
             break
-        parsed = largest.parsed
+        parsed = largest.parsed  # type: ignore[union-attr]
         candidates: list[tuple[int, str, Any]] = [(sizes[d], "dim", d) for d in parsed.dims if isinstance(d, str)]
         if parsed.batch:
             candidates += [(s, "batch", (parsed.batch, j)) for j, s in enumerate(batches[parsed.batch])]

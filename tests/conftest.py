@@ -14,7 +14,7 @@ try:
     # torch.testing.assert_close imports torch.distributed.tensor lazily. pytester's in-process
     # runs drop modules first imported inside them, and importing it again re-registers torch
     # operator libraries (RuntimeError: Only a single TORCH_LIBRARY ...). Import it up front.
-    import torch.distributed.tensor  # noqa: F401
+    import torch.distributed.tensor
 except ImportError:  # torch built without distributed
     pass
 

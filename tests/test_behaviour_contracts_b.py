@@ -17,7 +17,7 @@ CORE = ("return_count", "grad_meta", "gradcheck")
 
 @pytest.fixture
 def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "behaviour_bugs_b.py", contracts=BEHAVIOUR + ("gradcheck",))
+    return conformance_run(ZOO / "behaviour_bugs_b.py", contracts=(*BEHAVIOUR, "gradcheck"))
 
 
 def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignore[no-untyped-def]

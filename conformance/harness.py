@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
-__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "run_reference"]
+if TYPE_CHECKING:
+    from conformance.spec import Spec
+
+__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "random_state", "run_reference"]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -150,3 +154,12 @@ def fixed_rng(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
         if cuda:
             torch.cuda.manual_seed(seed)
         yield
+
+
+def random_state(spec: Spec, case: Case) -> contextlib.AbstractContextManager[None]:
+    """One seeded RNG state for each evaluation of a declared-nondeterministic spec, so the
+    implementation and a reference that draws its randomness the same way see the same numbers
+    (a no-op for deterministic specs, whose hidden randomness must stay visible)."""
+    if not spec.nondeterministic:
+        return contextlib.nullcontext()
+    return fixed_rng(zlib.crc32(repr(("random_state", case.grad_seed)).encode()), case.device)

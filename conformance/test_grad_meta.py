@@ -15,7 +15,7 @@ from conformance.runner import Target
 
 
 def check_grad_meta(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(data)
+    case = target.draw_case(data, broadcast=True)  # broadcastable inputs get size-1 and missing dims
     execution = execute(case)
     if not execution.recorder.calls:
         if execution.backward_error is not None:

@@ -28,7 +28,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import execute
+from conformance.harness import execute, random_state
 from conformance.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
 from conformance.report import fail
 from conformance.runner import Target
@@ -56,13 +56,15 @@ def check_case(target: Target, case: Case, family: str) -> None:
     fn_name = spec.fn.__qualname__
     dtype_name = str(dtype).removeprefix("torch.")
     scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if r.kind == "tensor")
-    impl = execute(case, raise_backward=True)
+    with random_state(spec, case):  # declared random: every evaluation draws the same numbers
+        impl = execute(case, raise_backward=True)
     names = [recipe.name for recipe in case.recipes]
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
-    with strict_float32():
+    with strict_float32(), random_state(spec, case):
         truth = evaluate_spec(spec, [upcast(a) for a in impl.args], names, grad_outputs)
     # Where plain PyTorch (the reference in this dtype) overflows too, the dtype is at fault.
-    baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
+    with random_state(spec, case):
+        baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
     context = f"{dtype_name}, {family} inputs ({scales})"
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
         if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and want.is_floating_point()):

@@ -22,6 +22,7 @@ from strategies.values import (
     GRAD_OUTPUT_KINDS,
     MASK_KINDS,
     VALUE_PATTERNS,
+    distinct_seed,
     grad_output_from_seed,
     index_from_seed,
     magnitudes,
@@ -399,7 +400,7 @@ def cases(
             recipes.append(ArgRecipe(spec_input.name, "scalar", value=value))
             continue
         shape = shape_of(spec_input, sizes, batches)
-        seed = draw(value_seeds(), label=f"{spec_input.name} seed")
+        seed = distinct_seed(draw(value_seeds(), label=f"{spec_input.name} seed"), spec_input.name)
         if spec_input.kind == "mask":
             kind = draw(st.sampled_from(tuple(mask_kinds)), label=f"{spec_input.name} mask kind")
             density = draw(mask_densities(), label=f"{spec_input.name} mask density") if kind in ("random", "masked_rows") else 0.7
@@ -434,7 +435,7 @@ def cases(
         wanted = draw(
             requires_grad_subsets(differentiable, min_size=1 if requires_grad == "nonempty" else 0), label="requires_grad"
         )
-    grad_seed = draw(value_seeds(), label="grad_output seed")
+    grad_seed = distinct_seed(draw(value_seeds(), label="grad_output seed"), "grad_output")
     grad_kind = draw(st.sampled_from(tuple(grad_output_kinds)), label="grad_output kind")
     grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
     return Case(

@@ -59,3 +59,12 @@ def test_failure_report_carries_repro_and_rerun(core_bugs) -> None:  # type: ign
     assert "repro:" in text and "import_path(" in text
     assert "rerun: pytest" in text and "--seed=0" in text
     assert "Draw 1 (case)" in text  # Hypothesis's own falsifying example stays in the report
+
+
+def test_unreduced_broadcast_gradient_fails_grad_meta_only(core_bugs) -> None:  # type: ignore[no-untyped-def]
+    # The strategies give broadcastable inputs size-1 and missing dims; the engine would sum the
+    # unreduced gradients silently, so gradcheck passes while grad_meta sees the raw shape.
+    text = core_bugs.failed("grad_meta", "unreduced_broadcast_mul")
+    assert "unreduced over broadcast dims" in text
+    core_bugs.passed("gradcheck", "unreduced_broadcast_mul")
+    core_bugs.passed("return_count", "unreduced_broadcast_mul")

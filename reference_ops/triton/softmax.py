@@ -115,4 +115,8 @@ register(
     dtypes=kernel_dtypes(_softmax_fwd),
     devices=kernel_devices(_softmax_fwd),
     double_backward=False,
+    # The kernel reduces sum(g * y) in float32, as GPU kernels do; the baseline (torch's CPU
+    # softmax backward) accumulates float32 in float64, so its own error is smaller than a float32
+    # kernel's can be. Measured: k = 3.2 needed once in 100 examples (thorough profile, seed 3).
+    tolerances={torch.float32: {"grad": 4.0}},
 )

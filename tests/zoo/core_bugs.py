@@ -101,3 +101,25 @@ register(
     inputs=[Tensor("x", "b d"), Tensor("weight", "d d"), Tensor("bias", "d")],
     reference=linear_reference,
 )
+
+
+class UnreducedBroadcastMul(torch.autograd.Function):
+    """a * b with numpy broadcasting whose gradients are not summed back to the inputs' shapes."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        a, b = ctx.saved_tensors
+        return grad_output * b, grad_output * a
+
+
+register(
+    UnreducedBroadcastMul,
+    name="unreduced_broadcast_mul",
+    inputs=[Tensor("a", "*batch n", broadcastable=True), Tensor("b", "*batch n", broadcastable=True)],
+    reference=lambda a, b: a * b,
+)

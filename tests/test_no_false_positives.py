@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ZOO
 
-CORRECT_ZOO = ("unusual_correct_a.py", "unusual_correct_b.py", "cancelling_correct.py", "correct_module.py")
+CORRECT_ZOO = ("unusual_correct_grads_and_memory.py", "unusual_correct_derivatives.py", "cancelling_correct.py", "correct_module.py")
 
 
 @pytest.mark.parametrize("zoo_file", CORRECT_ZOO)

@@ -1,6 +1,6 @@
 """The behavioural contracts needs_input_grad, inplace, saved_tensors and undefined_grads catch the
-known-buggy Functions in tests/zoo/behaviour_bugs_a.py with messages that say why, and pass the
-correct-but-unusual Functions in tests/zoo/unusual_correct_a.py and the bundled reference ops."""
+known-buggy Functions in tests/zoo/grad_and_memory_bugs.py with messages that say why, and pass the
+correct-but-unusual Functions in tests/zoo/unusual_correct_grads_and_memory.py and the bundled reference ops."""
 
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ MULTI_OUTPUT_CORRECT = {"none_aware_two_outputs", "max_with_index"}
 
 @pytest.fixture
 def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "behaviour_bugs_a.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=4)
+    return conformance_run(ZOO / "grad_and_memory_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=4)
 
 
 @pytest.fixture
 def unusual(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "unusual_correct_a.py", contracts=(*BEHAVIOUR, *CORE), max_examples=4)
+    return conformance_run(ZOO / "unusual_correct_grads_and_memory.py", contracts=(*BEHAVIOUR, *CORE), max_examples=4)
 
 
 # ------------------------------------------------------------------ needs_input_grad

@@ -1,6 +1,6 @@
 """The gradgradcheck, layouts, determinism and devices contracts catch the known-buggy Functions in
-tests/zoo/behaviour_bugs_b.py with messages that say why, and pass the correct but unusual ones in
-tests/zoo/unusual_correct_b.py. (The bundled reference ops are checked by `pytest conformance`
+tests/zoo/derivative_layout_determinism_bugs.py with messages that say why, and pass the correct but unusual ones in
+tests/zoo/unusual_correct_derivatives.py. (The bundled reference ops are checked by `pytest conformance`
 itself: loading reference_ops, with its Triton kernels, in a second in-process run of one session
 breaks the Triton interpreter.)"""
 
@@ -17,11 +17,11 @@ CORE = ("return_count", "grad_meta", "gradcheck")
 
 @pytest.fixture
 def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "behaviour_bugs_b.py", contracts=(*BEHAVIOUR, "gradcheck"))
+    return conformance_run(ZOO / "derivative_layout_determinism_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"))
 
 
 def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignore[no-untyped-def]
-    run = conformance_run(ZOO / "unusual_correct_b.py", contracts=BEHAVIOUR + CORE)
+    run = conformance_run(ZOO / "unusual_correct_derivatives.py", contracts=BEHAVIOUR + CORE)
     assert {"once_differentiable_softplus", "sign_ste_hardtanh", "gumbel_softmax_b", "cube"} <= run.names()
     for (contract, name, device), verdict in run.verdicts.items():
         if contract == "devices" or device == "cuda":
@@ -30,7 +30,7 @@ def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignor
 
 
 def test_devices_skips_with_reasons(conformance_run) -> None:  # type: ignore[no-untyped-def]
-    run = conformance_run(ZOO / "unusual_correct_b.py", "--device=auto", contracts=("devices",))
+    run = conformance_run(ZOO / "unusual_correct_derivatives.py", "--device=auto", contracts=("devices",))
     cpu = run.verdict("devices", "cube", "cpu")
     assert cpu.outcome == "skipped" and "devices compares cpu against cuda" in cpu.text
     cuda = run.verdict("devices", "cube", "cuda")

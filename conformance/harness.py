@@ -16,7 +16,7 @@ from strategies.cases import Case
 if TYPE_CHECKING:
     from conformance.spec import Spec
 
-__all__ = ["Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "random_state", "run_reference"]
+__all__ = ["NONDET_TOL", "Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "function_of_tensors", "random_state", "run_reference"]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -163,3 +163,28 @@ def random_state(spec: Spec, case: Case) -> contextlib.AbstractContextManager[No
     if not spec.nondeterministic:
         return contextlib.nullcontext()
     return fixed_rng(zlib.crc32(repr(("random_state", case.grad_seed)).encode()), case.device)
+
+
+# Declared-nondeterministic backward: allowed difference between two backward calls (float64),
+# for gradcheck's and gradgradcheck's reentrancy check.
+NONDET_TOL = 1e-10
+
+
+def function_of_tensors(
+    case: Case, args: Sequence[Any], wrt_positions: Sequence[int], fn: type[torch.autograd.Function] | None = None
+) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``fn`` as a function of the tensors at ``wrt_positions`` (the others fixed), for gradcheck
+    and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
+    the same random numbers in every call (so finite differences are meaningful), and Python
+    values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
+    function = fn or case.spec.fn
+
+    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, tensor in zip(wrt_positions, wrt):
+            full[position] = tensor
+        with random_state(case.spec, case):
+            outputs = as_tuple(function.apply(*forward_args(case, full)))
+        return tuple(o for o in outputs if isinstance(o, torch.Tensor))
+
+    return call

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -83,6 +84,13 @@ class Target:
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
         return chosen
+
+    def require_float64(self, why: str) -> None:
+        """Skip (with the reason) unless the spec lists float64 and ``--dtypes`` keeps it."""
+        if not self.spec.supports_float64:
+            pytest.skip(f"{self.spec.name!r} does not list torch.float64 in dtypes; {why}")
+        if self.options.dtypes is not None and torch.float64 not in self.options.dtypes:
+            pytest.skip(f"float64 is excluded by --dtypes; {why}")
 
     def draw_case(self, data: st.DataObject, **kwargs: Any) -> Case:
         """Draw a case on this target's device (labelled ``case`` in Hypothesis reports)."""

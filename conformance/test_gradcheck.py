@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import as_tuple, execute, fixed_rng, forward_args, run_reference
+from conformance.harness import NONDET_TOL, as_tuple, execute, function_of_tensors, run_reference
 from conformance.report import fail
 from conformance.runner import Target
 
@@ -24,9 +23,6 @@ FAST_MODE_ELEMENTS = 256
 SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
 FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
 SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
-# Declared-nondeterministic backward: allowed difference between two backward calls (float64).
-NONDET_TOL = 1e-10
-NOISE_SEED = 20240611  # the fixed noise of Functions declared nondeterministic
 
 
 def gradcheck_inputs(target: Target, data: st.DataObject):  # type: ignore[no-untyped-def]
@@ -43,17 +39,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
     names = [case.recipes[i].name for i in wrt_positions]
     fn = target.spec.fn
 
-    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        full = list(args)
-        for position, tensor in zip(wrt_positions, wrt):
-            full[position] = tensor
-        if target.spec.nondeterministic:  # declared random: the same noise in every call
-            with fixed_rng(NOISE_SEED, case.device):
-                outputs = as_tuple(fn.apply(*forward_args(case, full)))
-        else:
-            outputs = as_tuple(fn.apply(*forward_args(case, full)))  # declared in-place inputs: clones
-        # gradcheck reads .requires_grad on every output: drop Python values (counts, flags).
-        return tuple(o for o in outputs if isinstance(o, torch.Tensor))
+    call = function_of_tensors(case, args, wrt_positions)
 
     wrt_tensors = tuple(args[i] for i in wrt_positions)
     with torch.no_grad():
@@ -111,8 +97,5 @@ def check_surrogate(target: Target, data: st.DataObject) -> None:
 
 def test_gradcheck(conformance_target: Target) -> None:
     spec = conformance_target.spec
-    if not spec.supports_float64:
-        pytest.skip(f"{spec.name!r} does not list torch.float64 in dtypes; the reference contract covers it")
-    if conformance_target.options.dtypes is not None and torch.float64 not in conformance_target.options.dtypes:
-        pytest.skip("float64 is excluded by --dtypes")
+    conformance_target.require_float64("gradcheck needs float64; the reference contract covers the others")
     conformance_target.run(check_surrogate if spec.surrogate is not None else check_gradcheck)

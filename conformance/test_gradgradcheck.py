@@ -26,12 +26,11 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
 import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import as_tuple, fixed_rng, forward_args
+from conformance.harness import NONDET_TOL, fixed_rng, function_of_tensors
 from conformance.probe import Recorder, probe
 from conformance.report import fail
 from conformance.runner import Target
@@ -43,7 +42,6 @@ FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
 # Per-input element budget: gradgradcheck's slow mode costs two forward+backward passes per
 # element of every input *and* grad_output, so keep cases small.
 MAX_ELEMENTS = 48
-NOISE_SEED = 20240611  # the fixed noise of nondeterministic Functions (any constant works)
 
 CAUSE_DETACHED = (
     "backward's result does not depend on {wrt} through the autograd graph. Usual causes: a tensor "
@@ -67,31 +65,6 @@ ADVICE_FALSE = (
 )
 
 
-# Declared-nondeterministic backward: allowed difference between two backward calls (float64).
-NONDET_TOL = 1e-10
-
-
-def _call_factory(  # type: ignore[no-untyped-def]
-    target: Target, case: Case, args: list[Any], wrt_positions: Sequence[int], fn: Any = None
-):
-    fn = fn or target.spec.fn
-    nondeterministic = target.spec.nondeterministic
-
-    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        full = list(args)
-        for position, tensor in zip(wrt_positions, wrt):
-            full[position] = tensor
-        if nondeterministic:  # same noise in every call, so finite differences are meaningful
-            with fixed_rng(NOISE_SEED, case.device):
-                outputs = as_tuple(fn.apply(*forward_args(case, full)))
-        else:
-            outputs = as_tuple(fn.apply(*forward_args(case, full)))
-        # gradgradcheck reads .requires_grad on every output: drop Python values.
-        return tuple(o for o in outputs if isinstance(o, torch.Tensor))
-
-    return call
-
-
 def _diff_outputs(outputs: Sequence[Any]) -> list[torch.Tensor]:
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
 
@@ -113,7 +86,7 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     if not wrt_positions:
         return
     names = [case.recipes[i].name for i in wrt_positions]
-    call = _call_factory(target, case, args, wrt_positions)
+    call = function_of_tensors(case, args, wrt_positions)
     wrt = tuple(args[i] for i in wrt_positions)
     if target.spec.double_backward:
         _check_twice_differentiable(target, case, call, args, wrt_positions, names)
@@ -155,7 +128,7 @@ def _check_twice_differentiable(
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
     match = re.search(r"output (\d+) with respect to input (\d+)", message)
     probed, recorder = probe(target.spec.fn)
-    probed_call = _call_factory(target, case, list(args), wrt_positions, fn=probed)
+    probed_call = function_of_tensors(case, list(args), wrt_positions, fn=probed)
     cause = _diagnose(probed_call, recorder, case, wrt, names, wrt_labels, match, args)
     if match:
         output, against = int(match.group(1)), int(match.group(2))
@@ -272,9 +245,5 @@ def _gradgradcheck_verdict(call: Any, case: Case, wrt: tuple[torch.Tensor, ...])
 
 
 def test_gradgradcheck(conformance_target: Target) -> None:
-    spec = conformance_target.spec
-    if not spec.supports_float64:
-        pytest.skip(f"{spec.name!r} does not list torch.float64 in dtypes; gradgradcheck needs float64")
-    if conformance_target.options.dtypes is not None and torch.float64 not in conformance_target.options.dtypes:
-        pytest.skip("float64 is excluded by --dtypes")
+    conformance_target.require_float64("gradgradcheck needs float64")
     conformance_target.run(check_gradgradcheck)

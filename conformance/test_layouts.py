@@ -15,14 +15,13 @@ Functions declared ``nondeterministic=True`` run both calls with the same fixed 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import Execution, execute, fixed_rng, run_reference
+from conformance.harness import Execution, execute, random_state, run_reference
 from conformance.report import fail
 from conformance.runner import Target
 from strategies.cases import Case
@@ -125,8 +124,7 @@ def _describe_layouts(case: Case, args: list[Any], grad_outputs: tuple[torch.Ten
 
 
 def _run(case: Case, target: Target, grad_outputs: Any = None) -> Execution:
-    noise = fixed_rng(NOISE_SEED, case.device) if target.spec.nondeterministic else contextlib.nullcontext()
-    with noise:
+    with random_state(target.spec, case):  # the contiguous and strided runs share grad_seed
         return execute(case, grad_outputs=grad_outputs)
 
 

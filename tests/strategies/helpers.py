@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance.spec import InputSpec, Spec
 
@@ -35,3 +37,17 @@ def make_spec(
         mutates=(),
         nondeterministic=False,
     )
+
+
+def collect_examples(strategy: st.SearchStrategy[Any], count: int) -> list[Any]:
+    """Every value ``strategy`` generates in ``count`` derandomized examples (deterministic:
+    coverage claims made on them cannot flake, unlike a stateful predicate passed to ``find``)."""
+    seen: list[Any] = []
+
+    @settings(max_examples=count, database=None, deadline=None, derandomize=True)
+    @given(strategy)
+    def collect(value: Any) -> None:
+        seen.append(value)
+
+    collect()
+    return seen

@@ -12,31 +12,20 @@ from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Tensor
 from strategies import LAYOUTS, apply_layout, dtypes_for, layouts, requires_grad_subsets
-from tests.strategies.helpers import make_spec
+from tests.strategies.helpers import collect_examples, make_spec
 
-FIND = settings(max_examples=300, database=None, deadline=None)
+FIND = settings(max_examples=300, database=None, deadline=None, derandomize=True)
 FAST = settings(max_examples=30, database=None, deadline=None)
 ALL_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def _collect(strategy: st.SearchStrategy, count: int) -> list:  # type: ignore[type-arg]
-    """Every value ``strategy`` generates in ``count`` deterministic examples."""
-    seen: list = []  # type: ignore[type-arg]
-
-    @settings(max_examples=count, database=None, deadline=None, derandomize=True)
-    @given(strategy)
-    def collect(value) -> None:  # type: ignore[no-untyped-def]
-        seen.append(value)
-
-    collect()
-    return seen
 
 
 def test_dtypes_for_follow_the_spec_on_cpu() -> None:
     spec = make_spec([Tensor("x", "n")], dtypes=ALL_FLOATS)
-    assert set(_collect(dtypes_for(spec, "cpu"), 60)) == set(ALL_FLOATS)
+    assert set(collect_examples(dtypes_for(spec, "cpu"), 60)) == set(ALL_FLOATS)
     assert find(dtypes_for(spec, "cpu"), lambda d: True) == torch.float64  # the spec's first
-    assert set(_collect(dtypes_for(spec, "cpu", dtypes=(torch.float16,)), 10)) == {torch.float16}
+    assert set(collect_examples(dtypes_for(spec, "cpu", dtypes=(torch.float16,)), 10)) == {torch.float16}
 
 
 def test_dtypes_for_respect_the_device() -> None:
@@ -45,7 +34,7 @@ def test_dtypes_for_respect_the_device() -> None:
         with pytest.raises(InvalidArgument, match="device='cuda'"):
             find(dtypes_for(spec, "cuda"), lambda v: True)
     elif not torch.cuda.is_bf16_supported():
-        assert torch.bfloat16 not in set(_collect(dtypes_for(spec, "cuda"), 60))
+        assert torch.bfloat16 not in set(collect_examples(dtypes_for(spec, "cuda"), 60))
     with pytest.raises(InvalidArgument, match="no dtype left"):
         dtypes_for(make_spec([Tensor("x", "n")], dtypes=(torch.float32,)), "cpu", dtypes=(torch.float64,))
 
@@ -53,14 +42,14 @@ def test_dtypes_for_respect_the_device() -> None:
 @pytest.mark.parametrize("names", [("x",), ("q", "k", "v"), ("a", "b", "c", "d")])
 def test_requires_grad_subsets_cover_every_subset(names: tuple[str, ...]) -> None:
     expected = {frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)}
-    seen = set(_collect(requires_grad_subsets(names), 40 * len(expected)))
+    seen = set(collect_examples(requires_grad_subsets(names), 40 * len(expected)))
     assert seen == expected  # single inputs and the empty set included
 
 
 def test_requires_grad_subsets_shrink_and_min_size() -> None:
     assert find(requires_grad_subsets(["q", "k", "v"]), lambda s: True) == frozenset()
     assert find(requires_grad_subsets(["q", "k", "v"]), lambda s: "v" in s) == frozenset({"v"})
-    nonempty = set(_collect(requires_grad_subsets(["q", "k", "v"], min_size=1), 80))
+    nonempty = set(collect_examples(requires_grad_subsets(["q", "k", "v"], min_size=1), 80))
     assert frozenset() not in nonempty and len(nonempty) == 7
     assert find(requires_grad_subsets(["q", "k"], min_size=2), lambda s: True) == frozenset({"q", "k"})
     assert find(requires_grad_subsets([]), lambda s: True) == frozenset()
@@ -90,10 +79,10 @@ def test_layouts_are_really_non_contiguous_or_stride_zero(data: st.DataObject) -
 
 
 def test_layouts_filters() -> None:
-    assert set(_collect(layouts(), 60)) == set(LAYOUTS)
-    assert "expanded" not in set(_collect(layouts(allow_expanded=False), 60))
-    assert set(_collect(layouts(ndim=1), 40)) == {"contiguous", "sliced", "offset", "expanded"}
-    assert "channels_last" in set(_collect(layouts(ndim=4), 60))
+    assert set(collect_examples(layouts(), 60)) == set(LAYOUTS)
+    assert "expanded" not in set(collect_examples(layouts(allow_expanded=False), 60))
+    assert set(collect_examples(layouts(ndim=1), 40)) == {"contiguous", "sliced", "offset", "expanded"}
+    assert "channels_last" in set(collect_examples(layouts(ndim=4), 60))
     assert find(layouts(), lambda s: True) == "contiguous"
     with pytest.raises(InvalidArgument, match="'diagonal'"):
         layouts(kinds=("diagonal",))

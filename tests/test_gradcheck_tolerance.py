@@ -8,20 +8,9 @@ from typing import Any
 import torch
 
 from conformance.test_gradcheck import FAST_ATOL, FAST_MODE_ELEMENTS, FAST_RTOL
+from reference_ops.elementwise import Square
 from tests.conftest import ZOO
 from tests.zoo.gradcheck_bugs import FivePercentOffSquare
-
-
-class ExactSquare(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad_output
 
 
 def _fast_gradcheck(fn: Any, x: torch.Tensor, **tolerances: float) -> bool:
@@ -35,7 +24,7 @@ def test_default_fast_mode_misses_five_percent_but_contract_tolerance_catches_it
     assert x.numel() > FAST_MODE_ELEMENTS
     assert _fast_gradcheck(FivePercentOffSquare, x)  # torch's defaults: passes a wrong backward
     assert not _fast_gradcheck(FivePercentOffSquare, x, atol=FAST_ATOL, rtol=FAST_RTOL)
-    assert _fast_gradcheck(ExactSquare, x, atol=FAST_ATOL, rtol=FAST_RTOL)
+    assert _fast_gradcheck(Square, x, atol=FAST_ATOL, rtol=FAST_RTOL)
 
 
 def test_gradcheck_contract_catches_five_percent_in_fast_mode(conformance_run) -> None:  # type: ignore[no-untyped-def]

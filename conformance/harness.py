@@ -10,13 +10,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from conformance.defects import ForwardError, require_sound
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
 if TYPE_CHECKING:
     from conformance.spec import Spec
 
-__all__ = ["NONDET_TOL", "Execution", "as_tuple", "differentiable_positions", "execute", "fixed_rng", "forward_args", "function_of_tensors", "random_state", "run_reference"]
+__all__ = [
+    "NONDET_TOL",
+    "Execution",
+    "as_tuple",
+    "differentiable_positions",
+    "execute",
+    "fixed_rng",
+    "forward_args",
+    "function_of_tensors",
+    "preflight",
+    "random_state",
+    "run_reference",
+]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -56,6 +69,9 @@ class Execution:
     recorder: Recorder
     diff_positions: list[int] = field(default_factory=list)
     grad_outputs: tuple[torch.Tensor, ...] = ()
+    # Private copies taken before backward ran: what a comparison must use, since a defective
+    # backward may write into the grad_outputs it was given (the inplace contract's finding).
+    grad_outputs_before: tuple[torch.Tensor, ...] = ()
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     backward_error: BaseException | None = None
 
@@ -84,11 +100,17 @@ def execute(
 
     Backward goes through ``torch.autograd.grad`` with respect to every input that requires grad,
     so the engine's own checks still run; its errors are kept in ``backward_error`` (re-raised
-    with ``raise_backward``) because the raw record usually explains them better.
+    with ``raise_backward``) because the raw record usually explains them better. A forward that
+    raises is re-raised as :class:`ForwardError`, which the runner reports as the contract's
+    failure with the case. Every call builds fresh inputs from the case's recipes, so a Function
+    that writes into its inputs cannot change what another evaluation sees.
     """
     probed, recorder = probe(fn or case.spec.fn)
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
-    outputs = as_tuple(probed.apply(*forward_args(case, args)))
+    try:
+        outputs = as_tuple(probed.apply(*forward_args(case, args)))
+    except Exception as error:
+        raise ForwardError(f"{type(error).__name__}: {error}") from error
     execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder)
     execution.diff_positions = differentiable_positions(outputs)
     if not backward:
@@ -99,6 +121,7 @@ def execute(
         return execution
     make = grad_outputs or (lambda outs: case.grad_outputs(outs))
     execution.grad_outputs = tuple(make(diff_outputs))
+    execution.grad_outputs_before = tuple(g.detach().clone() for g in execution.grad_outputs)
     try:
         grads = torch.autograd.grad(
             diff_outputs, wrt, execution.grad_outputs, allow_unused=True, retain_graph=retain_graph
@@ -177,14 +200,27 @@ def function_of_tensors(
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
     values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
-    function = fn or case.spec.fn
+    function = probe(fn or case.spec.fn, shield=True)[0]
 
     def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
+        # Clones (their gradient flows back to gradcheck's tensors): a forward or backward that
+        # writes into its inputs must not move the very points gradcheck perturbs. Such writes
+        # are the inplace contract's finding, not a wrong derivative.
         for position, tensor in zip(wrt_positions, wrt):
-            full[position] = tensor
+            full[position] = tensor.clone()
         with random_state(case.spec, case):
             outputs = as_tuple(function.apply(*forward_args(case, full)))
         return tuple(o for o in outputs if isinstance(o, torch.Tensor))
 
     return call
+
+
+def preflight(contract: str, case: Case, *, dtype: torch.dtype | None = None) -> Execution:
+    """Forward and backward of ``case`` through the probe, stopping (failure or "blocked by")
+    on a crash or a structural defect; for contracts that then drive the Function themselves."""
+    __tracebackhide__ = True
+    with random_state(case.spec, case):
+        execution = execute(case, dtype=dtype)
+    require_sound(contract, execution)
+    return execution

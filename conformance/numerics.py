@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ import torch
 from conformance.harness import as_tuple, differentiable_positions
 from conformance.report import mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
+from conformance.terms import TermMagnitudes
 
 __all__ = [
     "FLOOR_ULPS",
@@ -47,6 +48,7 @@ __all__ = [
     "compare_finiteness",
     "evaluate",
     "evaluate_spec",
+    "evaluate_with_terms",
     "multiplier",
     "neighbour",
     "rounding_floor",
@@ -113,10 +115,17 @@ def upcast(value: Any) -> Any:
 
 @dataclass
 class Evaluated:
-    """Outputs and input gradients of one evaluation (of the impl, the truth or the baseline)."""
+    """Outputs and input gradients of one evaluation (of the impl, the truth or the baseline).
+
+    ``terms`` (truth only, see :mod:`conformance.terms`): per output position / gradient name,
+    the running error bound of each value in rounding units -- how large the terms are that it
+    was computed from.
+    """
 
     outputs: tuple[Any, ...]
     grads: dict[str, torch.Tensor | None]
+    output_terms: dict[int, torch.Tensor] = field(default_factory=dict)
+    grad_terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def evaluate(
@@ -144,6 +153,28 @@ def evaluate(
     return Evaluated(outputs, {name: grad for (name, _), grad in zip(wrt, grads)})
 
 
+def evaluate_with_terms(
+    func: Callable[..., Any],
+    args: Sequence[Any],
+    names: Sequence[str],
+    grad_outputs: Mapping[int, torch.Tensor],
+) -> Evaluated:
+    """:func:`evaluate` under :class:`TermMagnitudes`, with each result's term bound; a
+    reference the measurement cannot follow is evaluated plainly (bounds = |result|)."""
+    mode = TermMagnitudes()
+    try:
+        with mode:
+            result = evaluate(func, args, names, grad_outputs)
+    except Exception:
+        return evaluate(func, [_fresh(a) for a in args], names, grad_outputs)
+    result.output_terms = {
+        position: mode.of(out).detach() for position, out in enumerate(result.outputs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point()
+    }
+    result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
+    return result
+
+
 def _fresh(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone().requires_grad_(value.requires_grad)
@@ -151,14 +182,22 @@ def _fresh(value: Any) -> Any:
 
 
 def evaluate_spec(
-    spec: Spec, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor]
+    spec: Spec,
+    args: Sequence[Any],
+    names: Sequence[str],
+    grad_outputs: Mapping[int, torch.Tensor],
+    *,
+    terms: bool = False,
 ) -> Evaluated:
     """The spec's reference outputs, and gradients from its surrogate when it declares one
-    (else from the reference), on fresh leaf copies of ``args``."""
-    first = evaluate(spec.reference, [_fresh(a) for a in args], names, grad_outputs)
+    (else from the reference), on fresh leaf copies of ``args``; with ``terms``, also each
+    result's term bound (for the truth, in float64)."""
+    run = evaluate_with_terms if terms else evaluate
+    first = run(spec.reference, [_fresh(a) for a in args], names, grad_outputs)
     if spec.surrogate is None:
         return first
-    return Evaluated(first.outputs, evaluate(spec.surrogate, [_fresh(a) for a in args], names, grad_outputs).grads)
+    second = run(spec.surrogate, [_fresh(a) for a in args], names, grad_outputs)
+    return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
 
 
 def checked_positions(
@@ -252,6 +291,7 @@ def compare_budget(
     *,
     resampled: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     floor_at: float = 0.0,
+    terms: torch.Tensor | None = None,
     k: float,
     what: str,
     where: str,
@@ -269,7 +309,10 @@ def compare_budget(
     The floor is ``FLOOR_ULPS`` steps at the larger of ``max|truth|`` and ``floor_at`` (the
     contract passes the largest |truth| over all outputs and gradients of the call): a result
     that is exactly 0 by cancellation (attention's grad_q with one key) is computed from terms as
-    large as the call's other values, and a correct kernel leaves rounding noise of their size.
+    large as the call's other values, and a correct kernel leaves rounding noise of their size --
+    and at the largest of ``terms`` (the truth's running error bound, :mod:`conformance.terms`):
+    a result made of larger terms that cancel (attention's dK with one key, a LayerNorm of a
+    constant row) is computed by any other evaluation order with noise of the terms' size.
     """
     mismatch = compare_finiteness(actual, truth, dtype, baseline=baseline, what=what, where=where)
     if mismatch is not None:
@@ -290,8 +333,14 @@ def compare_budget(
             ok = checked_positions(other_truth64, dtype, other64)
             diff = torch.where(ok, (other64 - other_truth64).abs(), torch.zeros_like(other_truth64))
             reference_error = max(reference_error, float(diff.max()) if diff.numel() else 0.0)
-    floor = max(rounding_floor(truth64, dtype, checked), FLOOR_ULPS * ulp(floor_at, dtype))
+    terms_at = 0.0
+    if terms is not None and terms.shape == truth64.shape:
+        bounded = terms.detach().to("cpu", torch.float64)[checked]
+        bounded = bounded[torch.isfinite(bounded)]
+        terms_at = float(bounded.max()) if bounded.numel() else 0.0
+    floor = max(rounding_floor(truth64, dtype, checked), FLOOR_ULPS * ulp(max(floor_at, terms_at), dtype))
     allowed = k * reference_error + floor
+    peak = float(truth64[checked].abs().max())
     worst = float(error.max())
     if worst <= allowed:
         return None
@@ -299,7 +348,8 @@ def compare_budget(
     summary = (
         f"max|{what} - reference|={worst:.6g} at {index}, but should be <= {k:g} x {reference_error:.6g} "
         f"(reference's own error in {str(dtype).removeprefix('torch.')}) + {floor:.3g} ({FLOOR_ULPS} ulps at "
-        f"the call's max|reference|) = {allowed:.6g} [{where}]"
+        f"{max(floor_at, terms_at, peak):.3g}, the largest of the call's max|reference| and the terms this value is "
+        f"computed from) = {allowed:.6g} [{where}]"
     )
     details = mismatch_report(_shown(actual64, truth64, checked), truth64, allowed=allowed, baseline=baseline_error)
     if resampled:

@@ -79,6 +79,7 @@ class OutcomeMatrix:
             )
         )
         symbol = {"passed": "pass", "failed": "**FAIL**", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS", "": ""}
+        symbol.update({o: o for o in {*self.outcomes.values()} if o.startswith(("blocked by ", "waived"))})
         lines = [*(f"{line}  " for line in header), "", "| Function-device | " + " | ".join(contracts) + " |"]
         lines.append("|---" * (len(contracts) + 1) + "|")
         for row in rows:

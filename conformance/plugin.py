@@ -16,7 +16,7 @@ import torch
 
 from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Expectations, OutcomeMatrix, test_key
-from conformance.runner import PROFILES, RunOptions, Target
+from conformance.runner import PROFILES, STATUS_PROPERTY, RunOptions, Target
 from conformance.spec import Spec, SpecError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -331,9 +331,14 @@ def conformance_target(request: pytest.FixtureRequest) -> Target:
         contract=_contract_name(request.node.originalname),
         options=state.options,
         nodeid=request.node.nodeid,
+        user_properties=request.node.user_properties,
     )
     if not target.dtypes():
         pytest.skip(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
+    reason = spec.waivers.get(target.contract)
+    if reason is not None:
+        request.node.user_properties.append((STATUS_PROPERTY, "waived"))
+        pytest.skip(f"waived by spec {spec.name!r}: {reason}")
     return target
 
 
@@ -355,6 +360,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         outcome = "xfailed" if report.skipped else "xpassed"
     elif report.when != "call" and report.failed:
         outcome = "error"
+    elif report.skipped:
+        status = dict(report.user_properties).get(STATUS_PROPERTY)
+        if isinstance(status, str):
+            outcome = status
     key = (_contract_name(function), param.rstrip("]"))
     state.matrix.record(key[0], key[1], outcome)
     if outcome == "xpassed" and state.expectations is not None:

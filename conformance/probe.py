@@ -66,15 +66,25 @@ def tensors_in(value: Any, depth: int = 2) -> Iterable[torch.Tensor]:
             yield from tensors_in(item, depth - 1)
 
 
+def _private(value: Any) -> Any:
+    """A differentiable copy of a tensor with the same strides (stride-0 ones become dense)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.clone()
+
+
 def _clone(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def probe(fn: type[torch.autograd.Function]) -> tuple[type[torch.autograd.Function], Recorder]:
+def probe(fn: type[torch.autograd.Function], *, shield: bool = False) -> tuple[type[torch.autograd.Function], Recorder]:
     """A recording subclass of ``fn`` and the recorder it writes to.
 
     The subclass keeps ``fn``'s name, forward, setup_context and flags, so grad_fn names and
-    error messages read as the user's own.
+    error messages read as the user's own. With ``shield``, the user's backward receives private
+    copies of its grad_outputs (same strides): a backward that writes into grad_output cannot
+    change what the caller (gradcheck) passes again -- that write is the inplace contract's
+    finding, not a wrong derivative.
     """
     recorder = Recorder()
     method = user_backward_name(fn)
@@ -99,6 +109,8 @@ def probe(fn: type[torch.autograd.Function]) -> tuple[type[torch.autograd.Functi
         else:
             call.saved_tensors = saved
             call.saved_before = tuple(_clone(t) for t in saved)
+        if shield:
+            grad_outputs = tuple(_private(g) for g in grad_outputs)
         try:
             result = user_backward(ctx, *grad_outputs)
         except BaseException as error:

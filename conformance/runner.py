@@ -9,6 +9,7 @@ the worker -- so the same seed gives the same examples and verdicts serially and
 from __future__ import annotations
 
 import re
+import traceback
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +19,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
 
-from conformance.report import TestContext, reset_context, set_context
+from conformance.defects import Blocked, ForwardError
+from conformance.report import ContractFailure, TestContext, fail, reset_context, set_context
 from conformance.spec import Spec
 from strategies.cases import Case, cases
 
-__all__ = ["PROFILES", "RunOptions", "Target", "example_seed"]
+__all__ = ["PROFILES", "STATUS_PROPERTY", "RunOptions", "Target", "example_seed"]
+
+# The key under which a test records a non-plain outcome ("blocked by <contract>", "waived") in
+# ``item.user_properties``: it travels with the report, also from xdist workers.
+STATUS_PROPERTY = "conformance_status"
 
 PROFILES: dict[str, dict[str, Any]] = {
     # database=None everywhere: a stored failure replayed on one machine only would make
@@ -75,6 +82,7 @@ class Target:
     options: RunOptions = field(default_factory=RunOptions)
     nodeid: str = ""
     context: TestContext | None = None
+    user_properties: list[tuple[str, object]] = field(default_factory=list)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``."""
@@ -120,8 +128,46 @@ class Target:
             token = set_context(self.context)
             try:
                 check(self, data)
+            except (ContractFailure, Blocked, HypothesisException):
+                raise
+            except ForwardError as error:
+                cause = error.__cause__ or error
+                fail(
+                    f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.fn.__qualname__}.forward]",
+                    f"{type(cause).__name__}: {cause}",
+                    _user_frames(cause),
+                )
+            except Exception as error:
+                fail(
+                    f"{type(error).__name__} raised while checking this contract [{self.spec.fn.__qualname__}]",
+                    f"{type(error).__name__}: {error}",
+                    _user_frames(error),
+                )
             finally:
                 reset_context(token)
 
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
-        run_settings(seed(test_seed)(given(data=st.data())(property_)))()
+        try:
+            run_settings(seed(test_seed)(given(data=st.data())(property_)))()
+        except Blocked as blocked:
+            self.skip_blocked(blocked)
+
+    def skip_blocked(self, blocked: Blocked) -> None:
+        """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
+        __tracebackhide__ = True
+        self.user_properties.append((STATUS_PROPERTY, f"blocked by {blocked.defect.owner}"))
+        case = f"; case: {blocked.case.describe()}" if blocked.case is not None else ""
+        rerun = f"; rerun: {self.context.rerun}" if self.context is not None and self.context.rerun else ""
+        pytest.skip(f"blocked by {blocked.defect.owner}: {blocked.defect.summary}; see {blocked.defect.owner}{case}{rerun}")
+
+
+def _user_frames(error: BaseException, limit: int = 4) -> str:
+    """The innermost frames of ``error``'s traceback outside this suite, Hypothesis and torch:
+    where in the user's code it was raised."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if not any(part in f.filename for part in ("/conformance/", "/hypothesis/", "/torch/", "/strategies/"))
+    ]
+    if not frames:
+        return ""
+    return "raised at:\n" + "".join(traceback.format_list(frames[-limit:])).rstrip()

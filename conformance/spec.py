@@ -188,8 +188,10 @@ class Spec:
     mutates: tuple[str, ...]
     nondeterministic: bool
     tolerances: Mapping[torch.dtype, Mapping[str, float]] = field(default_factory=dict)
+    waivers: Mapping[str, str] = field(default_factory=dict)
     origin: str = "__main__"
     source_file: str = ""
+    registered_at: str = ""
 
     @property
     def tensor_inputs(self) -> tuple[Tensor, ...]:
@@ -229,6 +231,10 @@ class Spec:
         return f"<conformance spec {self.name!r}: {self.fn.__module__}.{self.fn.__qualname__}>"
 
 
+# Contracts a spec may waive with a stated reason (register(..., waivers={name: reason})): findings
+# about efficiency, never about correctness.
+WAIVABLE = ("unneeded_grads",)
+
 # Default k (error multiplier against the same-dtype reference) and the hard cap on overrides.
 DEFAULT_TOLERANCES = {"output": 2.0, "grad": 3.0}
 MAX_TOLERANCE = 64.0
@@ -241,16 +247,17 @@ def registered() -> list[Spec]:
     return list(_REGISTRY)
 
 
-def _caller_module() -> str:
-    """The module that called ``register`` (first frame outside this package)."""
+def _caller() -> tuple[str, str]:
+    """The module that called ``register`` and the call's ``file:line`` (first frame outside
+    this package)."""
     frame = sys._getframe(1)
     package = __name__.rpartition(".")[0]
     while frame is not None:
         module = frame.f_globals.get("__name__", "__main__")
         if module != package and not module.startswith(package + "."):
-            return str(module)
+            return str(module), f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
-    return "__main__"
+    return "__main__", ""
 
 
 def register(
@@ -266,6 +273,7 @@ def register(
     mutates: Sequence[str] = (),
     nondeterministic: bool = False,
     tolerances: Mapping[torch.dtype, Mapping[str, float]] | None = None,
+    waivers: Mapping[str, str] | None = None,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
 
@@ -273,7 +281,7 @@ def register(
     :class:`SpecError` naming the field when the spec cannot work.
     """
     spec_name = name if name is not None else getattr(fn, "__name__", repr(fn))
-    origin = _caller_module()
+    origin, registered_at = _caller()
     spec = _build_spec(
         fn,
         spec_name=spec_name,
@@ -286,20 +294,21 @@ def register(
         mutates=mutates,
         nondeterministic=nondeterministic,
         tolerances=tolerances or {},
+        waivers=waivers or {},
         origin=origin,
+        registered_at=registered_at,
     )
     for existing in _REGISTRY:
         if existing.name == spec.name:
-            if existing.fn is fn or (
-                existing.fn.__qualname__ == fn.__qualname__ and existing.source_file == spec.source_file != ""
-            ):
+            same_call = existing.registered_at == registered_at != "" and existing.fn.__qualname__ == fn.__qualname__
+            if same_call:
                 _REGISTRY.remove(existing)  # the same file imported again (by path or name): replace
                 break
             raise SpecError(
                 spec.name,
                 "name",
-                f"already registered for {existing.fn.__qualname__} by module "
-                f"{existing.origin!r}; pass a distinct name=",
+                f"registered twice: for {existing.fn.__qualname__} at {existing.registered_at or existing.origin} "
+                f"and for {fn.__qualname__} at {registered_at or origin}; pass a distinct name= to one of them",
             )
     _REGISTRY.append(spec)
     return fn
@@ -343,6 +352,8 @@ def _build_spec(
     nondeterministic: Any,
     tolerances: Any,
     origin: str,
+    waivers: Any = None,
+    registered_at: str = "",
 ) -> Spec:
     shown = str(spec_name)
 
@@ -443,6 +454,19 @@ def _build_spec(
                     f"tolerances[{dtype}][{key!r}] = {k!r} must be a number in (0, {MAX_TOLERANCE}]",
                 )
 
+    if waivers is None:
+        waivers = {}
+    if not isinstance(waivers, Mapping):
+        raise fail("waivers", f"must map a contract name to the reason it does not apply, got {waivers!r}")
+    for contract, reason in waivers.items():
+        if contract not in WAIVABLE:
+            raise fail(
+                "waivers",
+                f"{contract!r} cannot be waived; waivable contracts: {WAIVABLE} (correctness contracts never are)",
+            )
+        if not isinstance(reason, str) or not reason.strip():
+            raise fail("waivers", f"waivers[{contract!r}] must be a non-empty reason, got {reason!r}")
+
     return Spec(
         fn=fn,
         name=spec_name,
@@ -455,7 +479,9 @@ def _build_spec(
         mutates=tuple(mutates),
         nondeterministic=nondeterministic,
         tolerances={dtype: dict(ks) for dtype, ks in tolerances.items()},
+        waivers=dict(waivers),
         origin=origin,
+        registered_at=registered_at,
         source_file=_source_file(fn),
     )
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import NONDET_TOL, as_tuple, execute, function_of_tensors, run_reference
+from conformance.harness import NONDET_TOL, as_tuple, function_of_tensors, preflight, run_reference
 from conformance.report import fail
 from conformance.runner import Target
 
@@ -36,6 +36,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
     case, args, wrt_positions = gradcheck_inputs(target, data)
     if not wrt_positions:
         return
+    preflight(target.contract, case, dtype=torch.float64)
     names = [case.recipes[i].name for i in wrt_positions]
     fn = target.spec.fn
 
@@ -76,12 +77,12 @@ def check_surrogate(target: Target, data: st.DataObject) -> None:
     case, _, wrt_positions = gradcheck_inputs(target, data)
     if not wrt_positions:
         return
-    execution = execute(case, dtype=torch.float64, raise_backward=True)
+    execution = preflight(target.contract, case, dtype=torch.float64)
     if not execution.grad_outputs:
         return
     assert target.spec.surrogate is not None
     _, expected = run_reference(
-        target.spec.surrogate, case, dtype=torch.float64, device=case.device, grad_outputs_from=execution.grad_outputs
+        target.spec.surrogate, case, dtype=torch.float64, device=case.device, grad_outputs_from=execution.grad_outputs_before
     )
     for name, grad in execution.grads.items():
         want = expected.get(name)

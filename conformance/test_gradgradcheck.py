@@ -30,7 +30,7 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import NONDET_TOL, fixed_rng, function_of_tensors
+from conformance.harness import NONDET_TOL, fixed_rng, function_of_tensors, preflight
 from conformance.probe import Recorder, probe
 from conformance.report import fail
 from conformance.runner import Target
@@ -85,6 +85,7 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not wrt_positions:
         return
+    preflight(target.contract, case, dtype=torch.float64)
     names = [case.recipes[i].name for i in wrt_positions]
     call = function_of_tensors(case, args, wrt_positions)
     wrt = tuple(args[i] for i in wrt_positions)

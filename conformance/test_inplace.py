@@ -21,16 +21,17 @@ be modified in place, and the clone's gradient flows back to the leaf as in a re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import as_tuple, differentiable_positions, forward_args
+from conformance.harness import as_tuple, differentiable_positions, forward_args, preflight
 from conformance.probe import BackwardCall, probe
 from conformance.report import describe_value, fail
 from conformance.runner import Target
+from strategies.cases import GRAD_LAYOUTS, Case
 
 # Budget for "the same result both times", relative to max|first result|: reruns of the same
 # kernels differ only where reductions are reordered (atomics); a clobbered buffer is O(1).
@@ -108,7 +109,21 @@ def _rerun_tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float,
 
 
 def check_inplace(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(data)
+    drawn = target.draw_case(data)
+    preflight(target.contract, drawn)  # a structural defect blocks this contract; see defects.py
+    # Every grad_output layout: a backward that writes into ``grad.transpose(1, 2).contiguous()``
+    # or ``grad.view(...)`` writes into the caller's tensor only when that call is a no-op, i.e.
+    # when grad_output has the layout backward turns it into (often the output's own strides).
+    for layout in GRAD_LAYOUTS:
+        case = replace(drawn, grad_layout=layout)
+        if target.context is not None:
+            target.context.case = case
+        _check_once(target, case)
+    if target.context is not None:
+        target.context.case = drawn
+
+
+def _check_once(target: Target, case: Case) -> None:
     spec = target.spec
     fn_name = spec.fn.__qualname__
     mutated = set(spec.mutates)

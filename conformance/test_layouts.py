@@ -21,15 +21,17 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.defects import require_sound
 from conformance.harness import Execution, execute, random_state, run_reference
+from conformance.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp, upcast
 from conformance.report import fail
 from conformance.runner import Target
-from strategies.cases import Case
+from strategies.cases import GRAD_LAYOUTS, Case
 from strategies.values import tensor_from_seed
 
 # Every non-contiguous layout; degenerate ones (transposed 1-d, expanded non-constant rows,
 # channels_last below 4-d) come back contiguous, so mixes of both still occur.
-LAYOUTS_DRAWN = ("transposed", "sliced", "offset", "expanded", "channels_last")
+LAYOUTS_DRAWN = ("transposed", "sliced", "offset", "expanded", "channels_last", "swapped")
 GRAD_OUTPUT_KINDS = ("noncontiguous", "expanded", "random")
 NOISE_SEED = 20240611
 
@@ -113,6 +115,27 @@ def _reference_noise(target: Target, case: Case, grad_outputs: tuple[torch.Tenso
     return noise
 
 
+def _term_floors(target: Target, case: Case, grad_outputs: dict[int, torch.Tensor]) -> dict[str, float]:
+    """Per output/gradient label: twice the reference contract's rounding-step floor at the
+    truth's term bound (:mod:`conformance.terms`). Each layout's run may be that far from the
+    truth, so the two may be that far apart: a LayerNorm of a constant row is made of terms
+    ~300x larger than the result, and a one-step change in how ``mean`` sums them (PyTorch's own
+    ``mean`` rounds differently on stride-0 and transposed memory) moves the result by ~300 steps."""
+    spec = target.spec
+    if spec.nondeterministic:
+        return {}
+    names = [r.name for r in case.recipes]
+    args = [upcast(a) for a in case.args()]
+    try:
+        with strict_float32():
+            truth = evaluate_spec(spec, args, names, grad_outputs, terms=True)
+    except Exception:
+        return {}  # a reference that cannot run here: keep the magnitude-based budget
+    floors = {f"outputs[{p}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for p, t in truth.output_terms.items() if t.numel()}
+    floors.update({f"grad[{n!r}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for n, t in truth.grad_terms.items() if t.numel()})
+    return floors
+
+
 def _describe_layouts(case: Case, args: list[Any], grad_outputs: tuple[torch.Tensor, ...]) -> str:
     parts = [
         f"{r.name}: {r.layout}, stride {tuple(a.stride())}"
@@ -132,10 +155,10 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(
         data, layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True
     )
+    case = replace(case, grad_layout=data.draw(st.sampled_from(GRAD_LAYOUTS), label="grad_output layout"))
     contiguous_case = replace(case, recipes=tuple(replace(r, layout="contiguous") for r in case.recipes))
     baseline = _run(contiguous_case, target, grad_outputs=lambda outs: tuple(g.contiguous() for g in case.grad_outputs(outs)))
-    if baseline.backward_error is not None:
-        raise baseline.backward_error  # broken even on contiguous tensors: other contracts explain it
+    require_sound(target.contract, baseline)  # broken even on contiguous tensors: another contract's finding
     try:
         strided = _run(case, target)
     except Exception as error:
@@ -157,23 +180,33 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
         )
     fn_name = target.spec.fn.__qualname__
     noise = _reference_noise(target, contiguous_case, baseline.grad_outputs)
+    floors = _term_floors(target, contiguous_case, dict(zip(baseline.diff_positions, baseline.grad_outputs_before)))
     values = not target.spec.nondeterministic
     input_scale = _largest(baseline.args)
     grad_scale = max(input_scale, _largest(baseline.grad_outputs))
     for position, (got, want) in enumerate(zip(strided.outputs, baseline.outputs)):
         what = f"outputs[{position}]"
-        _compare(got, want, what, layouts, f"{fn_name}.forward", input_scale, noise.get(what, 0.0), values=values)
+        _compare(got, want, what, layouts, f"{fn_name}.forward", input_scale, noise.get(what, 0.0), floors.get(what, 0.0), values=values)
     for name, want in baseline.grads.items():
         got = strided.grads.get(name)
         if (got is None) != (want is None):
             fail(f"grad[{name!r}] is {'None' if got is None else 'a tensor'} with non-contiguous layouts, but {'None' if want is None else 'a tensor'} with contiguous ones", f"layouts: {layouts}")
         if got is not None and want is not None:
             what = f"grad[{name!r}]"
-            _compare(got, want, what, layouts, f"{fn_name}.backward", grad_scale, noise.get(what, 0.0), values=values)
+            _compare(got, want, what, layouts, f"{fn_name}.backward", grad_scale, noise.get(what, 0.0), floors.get(what, 0.0), values=values)
 
 
 def _compare(
-    got: Any, want: Any, what: str, layouts: str, where: str, scale: float, noise: float = 0.0, *, values: bool = True
+    got: Any,
+    want: Any,
+    what: str,
+    layouts: str,
+    where: str,
+    scale: float,
+    noise: float = 0.0,
+    floor: float = 0.0,
+    *,
+    values: bool = True,
 ) -> None:
     if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
         return
@@ -188,6 +221,7 @@ def _compare(
             )
         return
     rtol, atol = _tolerance(want, scale, noise)
+    atol += floor
     try:
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
     except AssertionError as error:

@@ -1,15 +1,19 @@
-"""Contract needs_input_grad: backward honours ``ctx.needs_input_grad`` for every requires_grad subset.
+"""Contract needs_input_grad: backward is right for every requires_grad subset.
 
 For each subset of the differentiable inputs (the drawn one first; every subset when there are
 at most ``EXHAUSTIVE_INPUTS`` of them, so a swapped index is found on any seed):
 
 * with no input requiring grad, forward still works and returns outputs without grad;
-* backward returns None for every tensor input whose ``needs_input_grad`` is False -- the
-  engine silently drops such a gradient, so computing it is invisible wasted work;
 * every needed gradient is returned (not None) and equals the one the same backward returns
-  when every input requires grad (same inputs, same dtype, same grad_outputs, same RNG seed).
+  when every input requires grad (same inputs, same dtype, same grad_outputs, same RNG seed);
+* backward returns None for tensor inputs the spec declares ``requires_grad=False``.
 
-Checked on what backward returned (the probe's raw record), not on what the engine passes on.
+The efficiency half -- None for a differentiable input that merely does not require grad in
+this call, instead of a gradient the engine silently drops -- is the separate contract
+``unneeded_grads`` (test_unneeded_grads.py), which a spec can waive with a stated reason (a
+fused kernel that computes every gradient in one pass). Both run the same subsets through
+:func:`run_subsets`. Checked on what backward returned (the probe's raw record), not on what the
+engine passes on.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.defects import Blocked, Defect, require_sound
 from conformance.harness import Execution, execute, fixed_rng
-from conformance.report import describe_value, fail
+from conformance.report import ContractFailure, describe_value, fail
 from conformance.runner import Target
 from strategies.cases import Case
 
@@ -86,15 +91,16 @@ def _check_no_grad_forward(target: Target, case: Case, execution: Execution) -> 
             )
 
 
-def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
+def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> None:
+    """Run the drawn case with every input requiring grad, then each subset, checking either the
+    correctness half (needs_input_grad) or the efficiency half (unneeded_grads)."""
     drawn = target.draw_case(data, requires_grad="subsets")
     everything = frozenset(i.name for i in target.spec.differentiable_inputs)
     full = _run(drawn, everything)
-    if full.backward_error is not None or not full.recorder.calls:
-        return  # a backward that fails outright is the other contracts' finding
-    full_raw = full.recorder.last.raw
-    if full_raw is None or len(full_raw) < len(drawn.recipes):
-        return  # a wrong return count is return_count's finding
+    require_sound(target.contract, full)
+    if not full.recorder.calls:
+        return  # no differentiable output reached backward: nothing to check
+    full_raw = full.recorder.last.raw or ()
     # Clone: a later run must not be able to change the baseline.
     expected: dict[str, Any] = {
         r.name: g.detach().clone() if isinstance(g, torch.Tensor) else g for r, g in zip(drawn.recipes, full_raw)
@@ -103,26 +109,35 @@ def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
         case = replace(drawn, requires_grad=subset)
         if target.context is not None:
             target.context.case = case  # the report and repro show the subset that failed
-        _check_subset(target, case, expected)
+        if efficiency:
+            # A wrong needs_input_grad index also computes an unneeded gradient: one defect,
+            # reported once, by needs_input_grad.
+            try:
+                _check_subset(target, case, expected, efficiency=False)
+            except ContractFailure as failure:
+                raise Blocked(Defect("needs_input_grad", failure.summary), case) from None
+        _check_subset(target, case, expected, efficiency=efficiency)
     if target.context is not None:
         target.context.case = drawn
 
 
-def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
+def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
+    run_subsets(target, data, efficiency=False)
+
+
+def _check_subset(target: Target, case: Case, expected: dict[str, Any], *, efficiency: bool) -> None:
     execution = _run(case, case.requires_grad)
     if not case.requires_grad:
-        _check_no_grad_forward(target, case, execution)
+        if not efficiency:
+            _check_no_grad_forward(target, case, execution)
         return
+    require_sound(target.contract, execution)
     if not execution.recorder.calls:
-        if execution.backward_error is not None:
-            raise execution.backward_error
         return  # no differentiable output reached: nothing to check
     call = execution.recorder.last
-    if call.raw is None:
-        raise call.error or AssertionError("backward neither returned nor raised")
-    if len(call.raw) < len(case.recipes):
-        return  # return_count's finding
+    assert call.raw is not None  # require_sound: backward returned
     fn_name = target.spec.fn.__qualname__
+    declared = {i.name for i in target.spec.differentiable_inputs}
     needs = call.needs_input_grad
     returned = ", ".join(describe_value(v) for v in call.raw)
     requiring = sorted(case.requires_grad)
@@ -131,6 +146,25 @@ def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
             continue  # gradients for non-tensor inputs are return_count's finding
         needed = position < len(needs) and needs[position]
         where = f"{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}"
+        if efficiency:
+            if not needed and grad is not None and recipe.name in declared:
+                fail(
+                    f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
+                    f"ctx.needs_input_grad={needs}: {recipe.name!r} (position {position}) needs no gradient, "
+                    f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
+                    f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise; or, when "
+                    "one fused kernel computes every gradient at once, waive this contract in the spec: "
+                    "register(..., waivers={'unneeded_grads': 'why'}).",
+                )
+            continue
+        if not needed and grad is not None and recipe.name not in declared:
+            fail(
+                f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
+                f"The spec declares {recipe.name!r} requires_grad=False (never differentiable), but backward "
+                f"returned a gradient for it ({returned}).",
+                f"Return None at position {position}; if {recipe.name!r} is differentiable, declare "
+                f"Tensor({recipe.name!r}, ..., requires_grad=True) in the spec.",
+            )
         if needed and grad is None and isinstance(expected.get(recipe.name), torch.Tensor):
             fail(
                 f"grad[{recipe.name!r}]=None, but should be a Tensor [{where}]",
@@ -139,13 +173,8 @@ def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
                 "A gradient that exists only in some requires_grad combinations usually means "
                 "needs_input_grad is read at the wrong index.",
             )
-        if not needed and grad is not None:
-            fail(
-                f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
-                f"ctx.needs_input_grad={needs}: {recipe.name!r} (position {position}) needs no gradient, "
-                f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
-                f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise.",
-            )
+    if efficiency:
+        return
     for recipe, grad in zip(case.recipes, call.raw):
         want = expected.get(recipe.name)
         if recipe.kind != "tensor" or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
@@ -165,8 +194,6 @@ def _check_subset(target: Target, case: Case, expected: dict[str, Any]) -> None:
                 "The same inputs and grad_outputs must give the same gradient whatever else requires grad.",
                 str(error),
             )
-    if execution.backward_error is not None:
-        raise execution.backward_error
 
 
 def test_needs_input_grad(conformance_target: Target) -> None:

@@ -18,11 +18,13 @@ state (so the reference must draw its randomness the same way, e.g. ``torch.rand
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import strategies as st
 
+from conformance.defects import require_sound
 from conformance.harness import execute, random_state
 from conformance.numerics import (
     Evaluated,
@@ -36,6 +38,7 @@ from conformance.numerics import (
 )
 from conformance.report import describe_value, fail
 from conformance.runner import Target
+from conformance.spec import Spec
 from strategies.cases import Case
 from strategies.values import MASK_KINDS
 
@@ -52,34 +55,41 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
     if target.context is not None:
         target.context.case = case.with_dtype(dtype)  # the repro rebuilds this dtype
     with random_state(spec, case):
-        impl = execute(case, dtype=dtype, raise_backward=True)
+        impl = execute(case, dtype=dtype)
+    require_sound(target.contract, impl)
     names = [recipe.name for recipe in case.recipes]
-    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
+    # The truth is computed from pristine inputs and grad_outputs, rebuilt from the case: a
+    # Function that writes into them is the inplace contract's finding, not a wrong value.
+    pristine = case.args(dtype=dtype)
+    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
     grad_source = "surrogate" if spec.surrogate is not None else "reference"
 
     with strict_float32(), random_state(spec, case):
-        truth = evaluate_spec(spec, [upcast(a) for a in impl.args], names, grad_outputs)
+        truth = _reference(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
     with random_state(spec, case):
-        baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
+        baseline = _reference(spec, pristine, names, grad_outputs)
     resamples: list[tuple[Evaluated, Evaluated]] = []
     if dtype != torch.float64:
         generator = torch.Generator().manual_seed(
             zlib.crc32(repr((case.grad_seed, [r.seed for r in case.recipes], dtype_name)).encode())
         )
         for _ in range(RESAMPLES):
-            moved_args = [neighbour(a, generator) for a in impl.args]
+            moved_args = [neighbour(a, generator) for a in pristine]
             moved_grads = {p: neighbour(g, generator) for p, g in grad_outputs.items()}
             with strict_float32():
-                moved_truth = evaluate_spec(spec, [upcast(a) for a in moved_args], names, moved_grads)
-            resamples.append((evaluate_spec(spec, moved_args, names, moved_grads), moved_truth))
+                moved_truth = _reference(spec, [upcast(a) for a in moved_args], names, moved_grads)
+            resamples.append((_reference(spec, moved_args, names, moved_grads), moved_truth))
 
     if len(impl.outputs) != len(truth.outputs):
         fail(
-            f"len(forward outputs)={len(impl.outputs)}, but should be {len(truth.outputs)} like the reference "
-            f"[{fn_name}.forward, {dtype_name}]"
+            f"len(reference outputs)={len(truth.outputs)}, but {fn_name}.forward returns {len(impl.outputs)} "
+            f"[spec {spec.name!r}, reference=, {dtype_name}]",
+            REFERENCE_BLAME,
         )
-    # (label, k key, impl, truth, baseline, resampled (baseline, truth) pairs, where)
-    pairs: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str]] = []
+    # (label, k key, impl, truth, baseline, resampled (baseline, truth) pairs, where, truth's term bound)
+    pairs: list[
+        tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str, torch.Tensor | None]
+    ] = []
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
         if not isinstance(want, torch.Tensor):
             continue
@@ -87,9 +97,13 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
         if not isinstance(got, torch.Tensor):
             fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]")
         if tuple(got.shape) != tuple(want.shape):
-            fail(f"output[{position}].shape={tuple(got.shape)}, but should be {tuple(want.shape)} like the reference [{where}]")
+            fail(
+                f"reference output[{position}].shape={tuple(want.shape)}, but {fn_name}.forward returns "
+                f"{tuple(got.shape)} [spec {spec.name!r}, reference=, {dtype_name}]",
+                REFERENCE_BLAME,
+            )
         moved = [(b.outputs[position], t.outputs[position]) for b, t in resamples]
-        pairs.append((f"output[{position}]", "output", got, want, base, moved, where))
+        pairs.append((f"output[{position}]", "output", got, want, base, moved, where, truth.output_terms.get(position)))
     for name, got in impl.grads.items():
         arg = impl.args[names.index(name)]
         # A gradient the reference leaves unused (None) is zero; so is a None from the Function.
@@ -104,15 +118,15 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
             if b.grads.get(name) is not None and t.grads.get(name) is not None
         ]
         where = f"{fn_name}.backward, input {name!r}, {dtype_name}, vs the {grad_source}"
-        pairs.append((f"grad[{name!r}]", "grad", got, want, base, moved, where))
+        pairs.append((f"grad[{name!r}]", "grad", got, want, base, moved, where, truth.grad_terms.get(name)))
 
     # The floor's scale: the largest |truth| of the call (see compare_budget).
     floor_at = max(
-        (float(w.detach()[checked_positions(w, dtype)].abs().max()) for _, _, _, w, _, _, _ in pairs
+        (float(w.detach()[checked_positions(w, dtype)].abs().max()) for _, _, _, w, _, _, _, _ in pairs
          if w.is_floating_point() and bool(checked_positions(w, dtype).any())),
         default=0.0,
     )
-    for what, which, got, want, base, moved, where in pairs:
+    for what, which, got, want, base, moved, where, terms in pairs:
         if not want.is_floating_point():
             if not torch.equal(got.cpu(), want.cpu()):
                 fail(f"{what} differs from the reference (a non-floating output, compared exactly) [{where}]")
@@ -126,10 +140,30 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
                 fail(f"{what} != reference [{where}, torch.testing.assert_close]", str(error))
             continue
         comparison = compare_budget(
-            got, want, base, dtype, resampled=moved, floor_at=floor_at, k=multiplier(spec, dtype, which), what=what, where=where
+            got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, k=multiplier(spec, dtype, which),
+            what=what, where=where,
         )
         if comparison is not None:
             fail(comparison.summary, comparison.details)
+
+
+REFERENCE_BLAME = (
+    "The spec's reference must compute what the Function computes, output for output, with the same "
+    "shapes: if the Function is right, fix reference= in register(...)."
+)
+
+
+def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict[int, torch.Tensor], *, terms: bool = False) -> Evaluated:
+    """The spec's reference (and surrogate) on ``args``; its own errors blame the spec."""
+    __tracebackhide__ = True
+    try:
+        return evaluate_spec(spec, args, names, grad_outputs, terms=terms)
+    except Exception as error:
+        fail(
+            f"the spec's reference raised {type(error).__name__}, but should run on this case [spec {spec.name!r}, reference=]",
+            f"{type(error).__name__}: {error}",
+            REFERENCE_BLAME,
+        )
 
 
 def check_reference(target: Target, data: st.DataObject) -> None:

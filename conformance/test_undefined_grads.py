@@ -20,7 +20,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import as_tuple, differentiable_positions, fixed_rng, forward_args
+from conformance.harness import as_tuple, differentiable_positions, fixed_rng, forward_args, preflight
 from conformance.probe import BackwardCall, probe
 from conformance.report import describe_value, fail
 from conformance.runner import Target
@@ -91,6 +91,7 @@ def check_undefined_grads(target: Target, data: st.DataObject, seen: _Applicabil
     subsets = _used_subsets(differentiable_positions(outputs), n_tensor_outputs)
     if not subsets:
         return  # one output, or nothing reaches backward: no grad_output can be undefined
+    preflight(target.contract, case)  # a structural defect blocks this contract; see defects.py
     seen.checked += 1
     wrt_names = [r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad]
     del args

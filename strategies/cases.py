@@ -35,7 +35,19 @@ from strategies.values import (
 if TYPE_CHECKING:
     from conformance.spec import Spec
 
-__all__ = ["LAYOUTS", "ArgRecipe", "Case", "apply_layout", "broadcast_forms", "cases", "fit_to_budget", "layouts", "shape_of"]
+__all__ = [
+    "GRAD_LAYOUTS",
+    "LAYOUTS",
+    "ArgRecipe",
+    "Case",
+    "apply_grad_layout",
+    "apply_layout",
+    "broadcast_forms",
+    "cases",
+    "fit_to_budget",
+    "layouts",
+    "shape_of",
+]
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ class ArgRecipe:
         return text
 
 
-LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last", "permuted")
+LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last", "permuted", "swapped")
 
 
 def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
@@ -100,8 +112,10 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     twice-as-long last dim; ``offset``: a view with a non-zero storage offset; ``expanded``: a
     stride-0 view (only when every last-dim row is constant, otherwise returned contiguous);
     ``channels_last``: 4-d tensors in channels-last memory format; ``permuted``: stored with
-    every dim reversed (differs from ``transposed`` from 3-d on). Layouts that do not apply to a
-    tensor (``transposed`` on 1-d, ``channels_last`` off 4-d) give it contiguous.
+    every dim reversed (differs from ``transposed`` from 3-d on); ``swapped``: stored with dims 1
+    and 2 swapped (3-d and up: ``(b, s, h, d)`` memory seen as ``(b, h, s, d)``, the layout every
+    Hugging Face attention hands on). Layouts that do not apply to a tensor (``transposed`` on
+    1-d, ``channels_last`` off 4-d, ``swapped`` below 3-d) give it contiguous.
     """
     if layout not in LAYOUTS:
         raise InvalidArgument(f"layout={layout!r} must be one of {LAYOUTS}")
@@ -124,6 +138,10 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
             # Own compact storage (as a broadcast bias has): storage-level reads cannot see full rows.
             return tensor[..., :1].clone().expand(tensor.shape)
         return tensor.contiguous()
+    if layout == "swapped":
+        if tensor.ndim < 3:
+            return tensor.contiguous()
+        return tensor.transpose(1, 2).contiguous().transpose(1, 2)
     if layout == "permuted":
         if tensor.ndim < 2:
             return tensor.contiguous()
@@ -162,9 +180,49 @@ def _layout_applies(layout: str, ndim: int) -> bool:
         return True
     if layout in ("transposed", "permuted"):
         return ndim >= 2
+    if layout == "swapped":
+        return ndim >= 3
     if layout == "channels_last":
         return ndim == 4
     return ndim >= 1
+
+
+GRAD_LAYOUTS = ("as_drawn", "like_output", "swapped", "narrow")
+
+
+def apply_grad_layout(grad: torch.Tensor, output: torch.Tensor, layout: str) -> torch.Tensor:
+    """``grad`` (a grad_output for ``output``) with the same values in another memory layout.
+
+    ``as_drawn``: unchanged; ``like_output``: the output's own strides (what a loss computed
+    elementwise from a transposed-view output hands back); ``swapped``: dims 1 and 2 swapped in
+    memory (3-d and up, see :func:`apply_layout`); ``narrow``: a slice of a wider buffer along
+    the last dim (what ``torch.cat``/``split`` hand to backward). A layout that does not apply
+    (``swapped`` below 3-d, ``like_output`` for an overlapping output) leaves ``grad`` unchanged.
+    """
+    if layout not in GRAD_LAYOUTS:
+        raise InvalidArgument(f"layout={layout!r} must be one of {GRAD_LAYOUTS}")
+    if layout == "as_drawn" or grad.ndim == 0 or grad.stride() == (0,) * grad.ndim:
+        return grad
+    if layout == "like_output":
+        if not _dense(output):
+            return grad
+        return torch.empty_strided(grad.shape, output.stride(), dtype=grad.dtype, device=grad.device).copy_(grad)
+    if layout == "swapped":
+        return apply_layout(grad, "swapped") if grad.ndim >= 3 else grad
+    wide = torch.zeros((*grad.shape[:-1], grad.shape[-1] + 3), dtype=grad.dtype, device=grad.device)
+    wide[..., 1 : 1 + grad.shape[-1]] = grad
+    return wide[..., 1 : 1 + grad.shape[-1]]
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """True when ``tensor``'s strides tile its storage exactly (a permutation of a contiguous
+    layout): no overlap, no gaps, so an empty tensor can be given the same strides."""
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(tensor.shape, tensor.stride()) if n != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 @dataclass(frozen=True, repr=False)
@@ -181,6 +239,7 @@ class Case:
     grad_seed: int = 0
     grad_scale: float = 1.0
     grad_kind: str = "random"
+    grad_layout: str = "as_drawn"
     notes: dict[str, Any] = field(default_factory=dict)
 
     def args(
@@ -205,11 +264,16 @@ class Case:
         return built
 
     def grad_outputs(self, outputs: Sequence[torch.Tensor], *, dtype: torch.dtype | None = None, device: str | None = None) -> tuple[torch.Tensor, ...]:
-        """One grad_output per given output, from ``grad_seed`` (same values for every dtype)."""
+        """One grad_output per given output, from ``grad_seed`` (same values for every dtype),
+        in the memory layout ``grad_layout`` (see :func:`apply_grad_layout`)."""
         return tuple(
-            grad_output_from_seed(
-                tuple(out.shape), dtype or out.dtype, seed=self.grad_seed + position, kind=self.grad_kind,
-                scale=self.grad_scale, device=device or str(out.device),
+            apply_grad_layout(
+                grad_output_from_seed(
+                    tuple(out.shape), dtype or out.dtype, seed=self.grad_seed + position, kind=self.grad_kind,
+                    scale=self.grad_scale, device=device or str(out.device),
+                ),
+                out,
+                self.grad_layout,
             )
             for position, out in enumerate(outputs)
         )
@@ -232,6 +296,8 @@ class Case:
                 grad = ", requires_grad" if recipe.name in self.requires_grad else ""
                 extra = f", layout={recipe.layout}" if recipe.layout != "contiguous" else ""
                 parts.append(f"{recipe.name}: {recipe.kind}{tuple(recipe.shape)}{extra}{grad}")
+        if self.grad_layout != "as_drawn":
+            parts.append(f"grad_outputs: {self.grad_kind}, layout={self.grad_layout}")
         return f"{self.dtype} on {self.device}; " + "; ".join(parts)
 
     def repro(self) -> str:
@@ -259,10 +325,14 @@ class Case:
             names.append(recipe.name)
         lines.append(f"out = {fn.__qualname__}.apply({', '.join(names)})")
         lines.append("outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor) and o.requires_grad]")
-        lines.append(
-            f"grads = [grad_output_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
-            f"kind={self.grad_kind!r}, scale={self.grad_scale!r}, device={self.device!r}) for i, o in enumerate(outs)]"
+        grads = (
+            f"grad_output_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
+            f"kind={self.grad_kind!r}, scale={self.grad_scale!r}, device={self.device!r})"
         )
+        if self.grad_layout != "as_drawn":
+            lines[2] = "from strategies.cases import apply_layout, apply_grad_layout"
+            grads = f"apply_grad_layout({grads}, o, {self.grad_layout!r})"
+        lines.append(f"grads = [{grads} for i, o in enumerate(outs)]")
         lines.append("torch.autograd.backward(outs, grads)")
         return "\n".join(lines)
 

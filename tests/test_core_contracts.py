@@ -4,6 +4,7 @@ that say why, and pass the correct reference ops."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.conftest import ZOO
 
@@ -36,14 +37,26 @@ def test_extra_grad_fails_return_count(core_bugs) -> None:  # type: ignore[no-un
 
 def test_unreduced_bias_fails_grad_meta_but_gradcheck_passes(core_bugs) -> None:  # type: ignore[no-untyped-def]
     text = core_bugs.failed("grad_meta", "unreduced_bias_grad")
-    assert "grad['bias'].shape=(" in text and "unreduced over broadcast dims" in text
-    core_bugs.passed("gradcheck", "unreduced_bias_grad")  # the engine's silent sum hides it
+    assert "grad['bias'].shape=(" in text and "not reduced over the broadcast dims" in text
+    assert "blocked by grad_meta: " in core_bugs.verdict("gradcheck", "unreduced_bias_grad").text  # one defect, one failure
 
 
 def test_wrong_dtype_fails_grad_meta_but_gradcheck_passes(core_bugs) -> None:  # type: ignore[no-untyped-def]
     text = core_bugs.failed("grad_meta", "wrong_dtype_grad")
     assert "grad['x'].dtype=torch.float32, but should be torch.float64" in text
-    core_bugs.passed("gradcheck", "wrong_dtype_grad")  # the engine's silent cast hides it
+    assert "blocked by grad_meta: " in core_bugs.verdict("gradcheck", "wrong_dtype_grad").text  # one defect, one failure
+
+
+def test_plain_gradcheck_misses_what_grad_meta_finds() -> None:
+    """Why grad_meta exists: torch.autograd.gradcheck itself passes these Functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("core_bugs_direct", ZOO / "core_bugs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(module.WrongDtypeGrad.apply, (x,))
 
 
 def test_missing_transpose_fails_gradcheck(core_bugs) -> None:  # type: ignore[no-untyped-def]
@@ -65,6 +78,6 @@ def test_unreduced_broadcast_gradient_fails_grad_meta_only(core_bugs) -> None:  
     # The strategies give broadcastable inputs size-1 and missing dims; the engine would sum the
     # unreduced gradients silently, so gradcheck passes while grad_meta sees the raw shape.
     text = core_bugs.failed("grad_meta", "unreduced_broadcast_mul")
-    assert "unreduced over broadcast dims" in text
-    core_bugs.passed("gradcheck", "unreduced_broadcast_mul")
+    assert "not reduced over the broadcast dims" in text
+    assert "blocked by grad_meta: " in core_bugs.verdict("gradcheck", "unreduced_broadcast_mul").text  # one defect, one failure
     core_bugs.passed("return_count", "unreduced_broadcast_mul")

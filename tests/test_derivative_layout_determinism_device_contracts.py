@@ -17,7 +17,7 @@ CORE = ("return_count", "grad_meta", "gradcheck")
 
 @pytest.fixture
 def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "derivative_layout_determinism_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"))
+    return conformance_run(ZOO / "derivative_layout_determinism_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=10)
 
 
 def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +90,8 @@ def test_storage_read_as_contiguous_fails_layouts(bugs) -> None:  # type: ignore
 
 def test_contiguous_grad_output_assumed_fails_layouts(bugs) -> None:  # type: ignore[no-untyped-def]
     text = bugs.failed("layouts", "contiguous_grad_output_assumed")
-    assert "grad['x']" in text and "grad_output[0]: stride" in text
+    # Found as wrong values or as a crash, depending on the grad_output layout drawn first.
+    assert ("grad['x']" in text or "backward raised RuntimeError" in text) and "grad_output[0]: stride" in text
     bugs.passed("gradcheck", "contiguous_grad_output_assumed")
     bugs.passed("gradgradcheck", "contiguous_grad_output_assumed")
 

@@ -20,7 +20,7 @@ def test_expected_deviation_xfails_and_stale_entries_are_reported(pytester: pyte
     expectations = pytester.path / "expectations.json"
     expectations.write_text(json.dumps({
         "grad_meta[wrong_dtype_grad-cpu]": "fp32 accumulation buffer, fix tracked in #12",
-        "grad_meta[too_few_grads-cpu]": "a deviation that no longer exists",
+        "grad_meta[missing_transpose-cpu]": "a deviation that no longer exists",
         "gradcheck[renamed_op-cpu]": "an op that was renamed",
     }))
     result = _run(pytester, f"--expectations={expectations}", "-rx")
@@ -28,7 +28,7 @@ def test_expected_deviation_xfails_and_stale_entries_are_reported(pytester: pyte
     assert outcomes.get("xfailed") == 1 and outcomes.get("failed") == 2  # the two unreduced-gradient bugs
     text = result.stdout.str()
     assert "expected deviation: fp32 accumulation buffer" in text
-    assert "grad_meta[too_few_grads-cpu]: passed, the deviation is gone" in text
+    assert "grad_meta[missing_transpose-cpu]: passed, the deviation is gone" in text
     assert "gradcheck[renamed_op-cpu]: matches no collected test" in text
 
 

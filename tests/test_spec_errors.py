@@ -81,8 +81,14 @@ def test_duplicate_name_from_another_function() -> None:
         pass
 
     register(Double, inputs=ok_inputs(), reference=reference, name="dup_name_probe")
-    with pytest.raises(SpecError, match="field 'name': already registered for"):
+    with pytest.raises(SpecError, match="field 'name': registered twice: for Double at .*test_spec_errors.py:\\d+ and for .*Other at .*test_spec_errors.py:\\d+"):
         register(Other, inputs=ok_inputs(), reference=reference, name="dup_name_probe")
+
+
+def test_two_specs_for_one_function_under_one_name_is_an_error() -> None:
+    register(Double, inputs=ok_inputs(), reference=reference, name="dup_same_fn")
+    with pytest.raises(SpecError, match="registered twice: for Double at .*:\\d+ and for Double at .*:\\d+"):
+        register(Double, inputs=ok_inputs(), reference=reference, name="dup_same_fn", dtypes=(torch.float32,))
 
 
 def test_good_spec_is_accepted_with_every_input_kind() -> None:

@@ -1,0 +1,179 @@
+"""One defect, one failure: which contract owns a defect, and "blocked by" for the others.
+
+Some defects make every later step meaningless: a backward that returns the wrong number of
+gradients, or a gradient of the wrong shape, dtype or device, makes the autograd engine raise
+(``returned an invalid gradient at index 1``) or silently repair the value (sum it, cast it).
+Those are found on the probe's raw record by :func:`structural_defects`, each with the contract
+that owns it (``return_count`` or ``grad_meta``). Every contract calls :func:`require_sound` on
+its executions: the owner fails with the defect; any other contract stops with :class:`Blocked`,
+which the runner turns into one labelled skip line ("blocked by grad_meta: ...") with the case
+and the rerun command. A forward or backward that raises for any other reason is the failure of
+the contract that ran it, labelled with the case, repro and rerun like every failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from conformance.probe import BackwardCall
+from conformance.report import describe_value, fail
+
+if TYPE_CHECKING:
+    from conformance.harness import Execution
+    from strategies.cases import Case
+
+__all__ = ["Blocked", "Defect", "ForwardError", "require_sound", "structural_defects"]
+
+# The contracts that own structural defects, in the order they are looked for.
+STRUCTURAL_OWNERS = ("return_count", "grad_meta")
+
+
+@dataclass(frozen=True)
+class Defect:
+    """A defect found on backward's raw return value, and the contract that owns it."""
+
+    owner: str
+    summary: str
+    details: tuple[str, ...] = ()
+
+
+class Blocked(Exception):
+    """This contract cannot check the Function because of a defect another contract owns."""
+
+    def __init__(self, defect: Defect, case: Case | None) -> None:
+        self.defect = defect
+        self.case = case
+        super().__init__(f"blocked by {defect.owner}: {defect.summary}")
+
+
+class ForwardError(Exception):
+    """The Function's forward raised; ``__cause__`` is the original error."""
+
+
+def _broadcast_target(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
+    """True when ``arg`` was really broadcast to ``grad``'s shape in this call: another input or
+    an output has that shape, and ``arg``'s shape broadcasts to it. Only then does summing the
+    gradient over the broadcast dims repair it."""
+    shape = tuple(grad.shape)
+    if shape == tuple(arg.shape) or len(shape) < arg.dim():
+        return False
+    try:
+        if torch.broadcast_shapes(shape, tuple(arg.shape)) != torch.Size(shape):
+            return False
+    except RuntimeError:
+        return False
+    return any(tuple(t.shape) == shape for t in others)
+
+
+def structural_defects(
+    case: Case, call: BackwardCall, args: Sequence[Any], outputs: Sequence[Any] = ()
+) -> list[Defect]:
+    """Return-count and gradient-metadata defects in one backward call's raw return value."""
+    if call.raw is None:
+        return []
+    raw = call.raw
+    names = [r.name for r in case.recipes]
+    fn_name = case.spec.fn.__qualname__
+    returned = ", ".join(describe_value(v) for v in raw)
+    where = f"{fn_name}.backward, forward inputs {names}"
+    defects: list[Defect] = []
+    if len(raw) < len(names):
+        defects.append(Defect(
+            "return_count",
+            f"len(backward return)={len(raw)}, but should be {len(names)} [{where}]",
+            (
+                f"backward returned ({returned}); the gradient for {names[len(raw):]} is missing.",
+                "Return one entry per forward input (None where there is no gradient).",
+            ),
+        ))
+        return defects
+    extra = [i for i, v in enumerate(raw[len(names):], start=len(names)) if v is not None]
+    if extra:
+        defects.append(Defect(
+            "return_count",
+            f"len(backward return)={len(raw)}, but should be {len(names)} [{where}]",
+            (
+                f"backward returned ({returned}); entries {extra} go beyond the {len(names)} forward inputs "
+                "and are not None.",
+            ),
+        ))
+    for recipe, value in zip(case.recipes, raw):
+        if recipe.kind != "tensor" and value is not None:
+            defects.append(Defect(
+                "return_count",
+                f"grad[{recipe.name!r}]={describe_value(value)}, but should be None [{where}]",
+                (
+                    f"{recipe.name!r} is a {recipe.kind} input (not differentiable); backward must return None for it.",
+                    f"backward returned ({returned}).",
+                ),
+            ))
+        elif value is not None and not isinstance(value, torch.Tensor):
+            defects.append(Defect(
+                "return_count",
+                f"grad[{recipe.name!r}]={describe_value(value)}, but should be a Tensor or None [{where}]",
+                (f"backward returned ({returned}).",),
+            ))
+    if defects:
+        return defects
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [o for o in outputs if isinstance(o, torch.Tensor)]
+    for recipe, arg, grad in zip(case.recipes, args, raw):
+        if not isinstance(grad, torch.Tensor) or not isinstance(arg, torch.Tensor):
+            continue
+        at = f"{fn_name}.backward, input {recipe.name!r}"
+        if tuple(grad.shape) != tuple(arg.shape):
+            hint = ""
+            if _broadcast_target(grad, arg, [t for t in tensors if t is not arg]):
+                hint = (
+                    f"{recipe.name!r} was broadcast to {tuple(grad.shape)} in this call and the gradient was "
+                    "not reduced over the broadcast dims: sum it over them (grad.sum_to_size(input.shape)). The "
+                    "autograd engine silently does this for you, which hides the bug from gradcheck."
+                )
+            else:
+                hint = (
+                    f"{recipe.name!r} was not broadcast to {tuple(grad.shape)} here, so summing would not make it "
+                    "right: backward computed the gradient of another tensor (check the order of the returned "
+                    "gradients and the dims it reduces)."
+                )
+            defects.append(Defect(
+                "grad_meta", f"grad[{recipe.name!r}].shape={tuple(grad.shape)}, but should be {tuple(arg.shape)} [{at}]", (hint,)
+            ))
+        if grad.dtype != arg.dtype:
+            defects.append(Defect(
+                "grad_meta",
+                f"grad[{recipe.name!r}].dtype={grad.dtype}, but should be {arg.dtype} [{at}]",
+                (
+                    "The autograd engine silently casts it, losing precision or wasting memory; a buffer made "
+                    "with torch.zeros(shape) instead of torch.zeros_like(input) is the usual cause.",
+                ),
+            ))
+        if grad.device != arg.device:
+            defects.append(Defect("grad_meta", f"grad[{recipe.name!r}].device={grad.device}, but should be {arg.device} [{at}]"))
+    return defects
+
+
+def require_sound(contract: str, execution: Execution) -> None:
+    """Stop unless ``execution`` ran cleanly: the owner of a structural defect fails with it,
+    other contracts are blocked by it; a backward that raised otherwise fails ``contract``."""
+    __tracebackhide__ = True
+    for call in execution.recorder.calls:
+        defects = structural_defects(execution.case, call, execution.args, execution.outputs)
+        own = [d for d in defects if d.owner == contract]
+        if own:
+            fail(own[0].summary, *own[0].details)
+        if defects:
+            raise Blocked(defects[0], execution.case)
+    error = execution.backward_error
+    if error is None:
+        return
+    call = execution.recorder.calls[-1] if execution.recorder.calls else None
+    cause = call.error if call is not None and call.error is not None else error
+    inside = call is not None and call.error is not None
+    fail(
+        f"backward raised {type(cause).__name__}, but should return gradients "
+        f"[{execution.case.spec.fn.__qualname__}.{'backward' if inside else 'backward (raised by the autograd engine)'}]",
+        f"{type(cause).__name__}: {cause}",
+    )

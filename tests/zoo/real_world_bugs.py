@@ -1,0 +1,296 @@
+"""Buggy Functions written the way third-party kernel libraries write them: one bug each.
+
+Twins of real_world_correct.py (plus two small kernels), each differing from correct code by one
+realistic mistake. None of them was tuned to the suite.
+
+* ``mutating_double_bug`` (MutatingDoubleBug): backward scales grad_output in place and returns
+  it -- the numbers are exact, but the caller's grad_output is overwritten.
+* ``layer_norm_f32_bug`` (LayerNormF32NoEpsBackward): backward recomputes var from x and uses
+  1/sqrt(var) without eps -- NaN on constant rows, wrong values on near-constant rows; on
+  ordinary rows (var >> eps) it is within gradcheck's tolerance.
+* ``blockwise_attention_f32_bug`` (BlockwiseAttentionMissingD): backward forgets to subtract
+  D = rowsum(dO * O) in dS = P * (dP - D) -- wrong dQ and dK.
+* ``rotary_transposed_output_bug`` (RotaryInPlaceGrad): backward computes the gradient in place
+  into ``grad.transpose(1, 2).contiguous()``; when grad_output is the transpose of a contiguous
+  buffer, .contiguous() is a no-op and the caller's grad_output is overwritten. Values are right.
+* ``bias_grad_wrong_shape`` (BiasGradWrongShape): y = x * w + b with a 0-d bias; backward returns
+  grad_out (shape (n,)) for b instead of grad_out.sum(). The engine does not refuse it: () is
+  expandable to (n,), so it silently sums the raw gradient, and gradcheck passes.
+* ``wrong_dtype_grad_kernel`` (WrongDtypeGradKernel): y = x * x; the gradient buffer is
+  ``torch.zeros(x.shape, device=x.device)`` -- default float32 even for float64 inputs. The
+  engine casts it back to float64, so only ~1e-7 relative error shows and gradcheck passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from conformance import Scalar, Tensor, register
+
+# --------------------------------------------------------------------------- y = 2x
+
+
+class MutatingDoubleBug(torch.autograd.Function):
+    """y = 2 * x; backward doubles grad_output in place and returns it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        return grad_out.mul_(2)  # BUG: writes into the caller's grad_output
+
+
+register(
+    MutatingDoubleBug,
+    name="mutating_double_bug",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: 2 * x,
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+# --------------------------------------------------------------------------- fused LayerNorm
+
+
+class LayerNormF32NoEpsBackward(torch.autograd.Function):
+    """Fused LayerNorm whose backward recomputes rstd from x without eps."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)
+        xc = x - mean
+        var = (xc * xc).mean(dim=-1, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        y = xc * rstd * weight + bias
+        ctx.save_for_backward(x, weight, mean)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> Any:
+        x, weight, mean = ctx.saved_tensors
+        n = x.shape[-1]
+        xc = x - mean
+        var = (xc * xc).mean(dim=-1, keepdim=True)
+        rstd = 1 / torch.sqrt(var)  # BUG: eps dropped (saves memory by not storing rstd)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        xhat = xc * rstd
+        if need_x:
+            wdy = weight * dy
+            c1 = (xhat * wdy).mean(dim=-1, keepdim=True)
+            c2 = wdy.mean(dim=-1, keepdim=True)
+            dx = (wdy - xhat * c1 - c2) * rstd
+        if need_w:
+            dw = (dy * xhat).reshape(-1, n).sum(dim=0)
+        if need_b:
+            db = dy.reshape(-1, n).sum(dim=0)
+        return dx, dw, db, None
+
+
+register(
+    LayerNormF32NoEpsBackward,
+    name="layer_norm_f32_bug",
+    inputs=[Tensor("x", "*batch n"), Tensor("weight", "n"), Tensor("bias", "n"), Scalar("eps", 1e-5)],
+    reference=lambda x, weight, bias, eps: F.layer_norm(x, (x.shape[-1],), weight, bias, eps),
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+# --------------------------------------------------------------------------- blockwise attention
+
+BLOCK = 4
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class BlockwiseAttentionMissingD(torch.autograd.Function):
+    """FlashAttention-2-style attention whose backward computes dS = P * dP (no - D)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        acc_dtype = _compute_dtype(q.dtype)
+        qf, kf, vf = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
+        b, m, d = q.shape
+        n = k.shape[1]
+        scale = d**-0.5
+
+        acc = torch.zeros(b, m, v.shape[-1], dtype=acc_dtype, device=q.device)
+        row_max = torch.full((b, m, 1), float("-inf"), dtype=acc_dtype, device=q.device)
+        row_sum = torch.zeros(b, m, 1, dtype=acc_dtype, device=q.device)
+        for start in range(0, n, BLOCK):
+            kb = kf[:, start : start + BLOCK]
+            vb = vf[:, start : start + BLOCK]
+            s = torch.bmm(qf, kb.transpose(1, 2)) * scale
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            alpha = torch.exp(row_max - new_max)
+            p = torch.exp(s - new_max)
+            row_sum = row_sum * alpha + p.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + torch.bmm(p, vb)
+            row_max = new_max
+
+        out = (acc / row_sum).to(q.dtype)
+        lse = row_max + torch.log(row_sum)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        q, k, v, _out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        acc_dtype = _compute_dtype(q.dtype)
+        qf, kf, vf = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
+        do = grad_out.to(acc_dtype)
+        n = k.shape[1]
+
+        dq = torch.zeros_like(qf)
+        dk = torch.empty_like(kf)
+        dv = torch.empty_like(vf)
+        for start in range(0, n, BLOCK):
+            end = min(start + BLOCK, n)
+            kb = kf[:, start:end]
+            vb = vf[:, start:end]
+            s = torch.bmm(qf, kb.transpose(1, 2)) * scale
+            p = torch.exp(s - lse)
+            dv[:, start:end] = torch.bmm(p.transpose(1, 2), do)
+            dp = torch.bmm(do, vb.transpose(1, 2))
+            ds = p * dp  # BUG: should be p * (dp - D), D = rowsum(dO * O)
+            dq += torch.bmm(ds, kb) * scale
+            dk[:, start:end] = torch.bmm(ds.transpose(1, 2), qf) * scale
+
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        return (
+            dq.to(q.dtype) if need_q else None,
+            dk.to(k.dtype) if need_k else None,
+            dv.to(v.dtype) if need_v else None,
+        )
+
+
+def _attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    scale = q.shape[-1] ** -0.5
+    return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+
+register(
+    BlockwiseAttentionMissingD,
+    name="blockwise_attention_f32_bug",
+    inputs=[Tensor("q", "b m d"), Tensor("k", "b n d"), Tensor("v", "b n d")],
+    reference=_attention_reference,
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+# --------------------------------------------------------------------------- rotary embedding
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_half_transpose(g: torch.Tensor) -> torch.Tensor:
+    g1, g2 = g.chunk(2, dim=-1)
+    return torch.cat((g2, -g1), dim=-1)
+
+
+class RotaryInPlaceGrad(torch.autograd.Function):
+    """Rotary embedding returning a (b, h, s, d) view; backward works in place on grad."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        y = x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+        ctx.save_for_backward(cos, sin)
+        return y.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        cos, sin = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        # BUG: .contiguous() is a no-op when grad is the transpose of a contiguous buffer,
+        # and the in-place ops below then write into the caller's grad_output.
+        g = grad.transpose(1, 2).contiguous()
+        rot = rotate_half_transpose(g * sin[:, None, :])
+        g.mul_(cos[:, None, :]).add_(rot)
+        return g, None, None
+
+
+register(
+    RotaryInPlaceGrad,
+    name="rotary_transposed_output_bug",
+    inputs=[
+        Tensor("x", "b s h 4"),
+        Tensor("cos", "s 4", requires_grad=False),
+        Tensor("sin", "s 4", requires_grad=False),
+    ],
+    reference=lambda x, cos, sin: (x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]).transpose(1, 2),
+    dtypes=(torch.float64, torch.float32),
+)
+
+# --------------------------------------------------------------------------- 0-d bias
+
+
+class BiasGradWrongShape(torch.autograd.Function):
+    """y = x * w + b with a 0-d bias b; backward returns grad_out unreduced for b."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x * w + b
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        x, w = ctx.saved_tensors
+        gx = grad_out * w if ctx.needs_input_grad[0] else None
+        gw = grad_out * x if ctx.needs_input_grad[1] else None
+        gb = grad_out if ctx.needs_input_grad[2] else None  # BUG: should be grad_out.sum()
+        return gx, gw, gb
+
+
+register(
+    BiasGradWrongShape,
+    name="bias_grad_wrong_shape",
+    inputs=[Tensor("x", "n"), Tensor("w", "n"), Tensor("b", "")],
+    reference=lambda x, w, b: x * w + b,
+    dtypes=(torch.float64, torch.float32),
+)
+
+# --------------------------------------------------------------------------- y = x * x
+
+
+class WrongDtypeGradKernel(torch.autograd.Function):
+    """y = x * x; backward fills a gradient buffer allocated without a dtype (float32)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        gx = torch.zeros(x.shape, device=x.device)  # BUG: dtype defaults to float32
+        gx.copy_(grad_out * 2 * x)
+        return gx
+
+
+register(
+    WrongDtypeGradKernel,
+    name="wrong_dtype_grad_kernel",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * x,
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)

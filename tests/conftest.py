@@ -126,3 +126,13 @@ def conformance_run(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
         return run_conformance(pytester, impl, *extra, **kwargs)
 
     return run
+
+
+@pytest.fixture
+def clean_registry():  # type: ignore[no-untyped-def]
+    """Leave the global registry as it was (specs registered by the test are for it only)."""
+    from conformance import spec as spec_module
+
+    saved = list(spec_module._REGISTRY)
+    yield
+    spec_module._REGISTRY[:] = saved

@@ -149,16 +149,6 @@ def test_neighbour_moves_each_element_at_most_one_step() -> None:
     assert bool((steps <= spacing).all()) and bool((steps > 0).any())
 
 
-@pytest.fixture
-def clean_registry():  # type: ignore[no-untyped-def]
-    """Leave the global registry as it was (these specs are for this test only)."""
-    from conformance import spec as spec_module
-
-    saved = list(spec_module._REGISTRY)
-    yield
-    spec_module._REGISTRY[:] = saved
-
-
 def test_tolerance_override_and_cap(clean_registry) -> None:  # type: ignore[no-untyped-def]
     class Twice(torch.autograd.Function):
         @staticmethod

@@ -19,6 +19,13 @@ realistic mistake. None of them was tuned to the suite.
 * ``wrong_dtype_grad_kernel`` (WrongDtypeGradKernel): y = x * x; the gradient buffer is
   ``torch.zeros(x.shape, device=x.device)`` -- default float32 even for float64 inputs. The
   engine casts it back to float64, so only ~1e-7 relative error shows and gradcheck passes.
+* ``bias_grad_summed_to_scalar`` (BiasGradSummedToScalar): y = x + b with b of shape (d,);
+  backward reduces grad_out over every dim (a 0-d tensor) for b. The engine refuses it
+  ("returned an invalid gradient at index 1"), which stops every contract that runs backward:
+  grad_meta owns the defect, the others are blocked by it.
+* ``clobbers_input_in_forward`` (ClobbersInputInForward): y = 2x whose forward reuses x's memory
+  as scratch afterwards (``x.data.zero_()``) -- the values it returns are right, but the caller's
+  x is gone (and gradcheck, which perturbs x in place, would see nonsense).
 """
 
 from __future__ import annotations
@@ -293,4 +300,53 @@ register(
     reference=lambda x: x * x,
     dtypes=(torch.float64, torch.float32),
     double_backward=False,
+)
+
+
+# --------------------------------------------------------------------------- y = x + b
+
+
+class BiasGradSummedToScalar(torch.autograd.Function):
+    """y = x + b (b broadcast over rows); backward sums the bias gradient over every dim."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return x + b
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        return grad_out, grad_out.sum()  # BUG: should be grad_out.sum(0), shape (d,)
+
+
+register(
+    BiasGradSummedToScalar,
+    name="bias_grad_summed_to_scalar",
+    inputs=[Tensor("x", "m d"), Tensor("b", "d")],
+    reference=lambda x, b: x + b,
+    dtypes=(torch.float64, torch.float32),
+)
+
+# --------------------------------------------------------------------------- y = 2x, scratch input
+
+
+class ClobbersInputInForward(torch.autograd.Function):
+    """y = 2x; forward then reuses x's buffer as scratch space behind autograd's back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        x.data.zero_()  # BUG: the caller's tensor is overwritten
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        return grad_out * 2
+
+
+register(
+    ClobbersInputInForward,
+    name="clobbers_input_in_forward",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: 2 * x,
+    dtypes=(torch.float64, torch.float32),
 )

@@ -1,0 +1,157 @@
+"""Verdicts on code written the way third-party kernel libraries write it.
+
+tests/zoo/real_world_correct.py holds correct Functions that used to draw false failures (a
+Function compared after it could have clobbered its inputs, a float32 LayerNorm on constant rows,
+a float32 blockwise attention with one key, an op whose output is a transposed view); each passes
+every contract. tests/zoo/real_world_bugs.py holds their buggy twins and three "one defect" bugs:
+each defect fails the contract that owns it, and every other contract passes or says in one
+labelled line which contract's finding blocks it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import CONFORMANCE_DIR, ZOO
+
+CORRECT = ("mutating_double", "layer_norm_f32", "blockwise_attention_f32", "rotary_transposed_output")
+
+# bug -> the one contract that must fail; every other contract passes, skips for a stated
+# reason that is not a failure, or is "blocked by" the owner.
+ONE_DEFECT = {
+    "mutating_double_bug": "inplace",  # numbers exact: reference and gradcheck must not fail
+    "rotary_transposed_output_bug": "inplace",  # writes into a transposed-view grad_output
+    "clobbers_input_in_forward": "inplace",  # forward zeroes its input after computing
+    "bias_grad_wrong_shape": "grad_meta",  # the engine silently sums the unreduced gradient
+    "wrong_dtype_grad_kernel": "grad_meta",  # the engine silently casts float32 -> float64
+    "bias_grad_summed_to_scalar": "grad_meta",  # the engine refuses the gradient outright
+}
+
+
+@pytest.fixture
+def correct(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "real_world_correct.py", max_examples=8)
+
+
+@pytest.fixture
+def bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "real_world_bugs.py", max_examples=8)
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_correct_real_world_function_passes_every_contract(correct, name: str) -> None:  # type: ignore[no-untyped-def]
+    ran = set()
+    for (contract, fn, device), verdict in correct.verdicts.items():
+        if fn != name or device != "cpu":
+            continue
+        assert verdict.outcome != "failed", f"{contract}[{fn}]:\n{verdict.text}"
+        if verdict.outcome == "passed":
+            ran.add(contract)
+    assert {"reference", "layouts", "inplace", "gradcheck", "needs_input_grad", "stability"} <= ran, sorted(ran)
+
+
+@pytest.mark.parametrize("name", sorted(ONE_DEFECT))
+def test_one_defect_fails_one_contract_and_blocks_the_rest_with_a_labelled_line(bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    owner = ONE_DEFECT[name]
+    failed = sorted(c for (c, fn, d), v in bugs.verdicts.items() if fn == name and v.outcome == "failed")
+    assert failed == [owner], f"{name}: failed {failed}, but only {owner} should"
+    for (_, fn, device), verdict in bugs.verdicts.items():
+        if fn != name or verdict.outcome != "skipped" or device != "cpu":
+            continue
+        text = verdict.text
+        if "blocked by" in text:
+            assert f"blocked by {owner}: " in text and "case: " in text and "rerun: pytest " in text, text
+            assert "Traceback" not in text and "\n" not in text.strip().splitlines()[-1], text
+
+
+def test_engine_error_is_explained_not_dumped(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("grad_meta", "bias_grad_summed_to_scalar")
+    assert "grad['b'].shape=(), but should be (" in text
+    # b (d,) was never broadcast to (): summing would not help, and the message says so.
+    assert "was not broadcast" in text and "sum_to_size" not in text
+    assert "invalid gradient" not in text
+    blocked = bugs.verdict("reference", "bias_grad_summed_to_scalar").text
+    assert "blocked by grad_meta: grad['b'].shape=()" in blocked
+
+
+def test_broadcast_hint_only_when_the_input_was_broadcast(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("grad_meta", "bias_grad_wrong_shape")
+    assert "'b' was broadcast to (" in text and "sum_to_size" in text
+
+
+def test_grad_output_written_through_a_transposed_view_is_caught(bugs, conformance_run) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "rotary_transposed_output_bug")
+    assert "grad_output[0] was modified in place by backward" in text
+    # Every dim > 1: the write reaches the caller only for one grad_output layout.
+    run = conformance_run(ZOO / "transposed_grad_output_bugs.py", contracts=("inplace", "reference"), max_examples=3)
+    for name, layout in (("transposed_output_in_place_grad", "like_output"), ("contiguous_output_in_place_grad", "swapped")):
+        text = run.failed("inplace", name)
+        assert "grad_output[0] was modified in place by backward" in text and f"layout={layout}" in text
+        run.passed("reference", name)
+
+
+def test_mutating_grad_output_does_not_poison_the_numerical_contracts(bugs) -> None:  # type: ignore[no-untyped-def]
+    bugs.failed("inplace", "mutating_double_bug")
+    for contract in ("reference", "gradcheck", "layouts", "determinism", "needs_input_grad", "stability"):
+        bugs.passed(contract, "mutating_double_bug")
+    bugs.failed("inplace", "clobbers_input_in_forward")
+    for contract in ("reference", "gradcheck", "layouts", "stability"):
+        bugs.passed(contract, "clobbers_input_in_forward")
+
+
+@pytest.mark.parametrize(
+    "name, contracts",
+    [
+        ("layer_norm_f32_bug", ("stability",)),
+        ("blockwise_attention_f32_bug", ("reference", "gradcheck")),
+    ],
+)
+def test_numerical_twins_are_still_caught(bugs, name: str, contracts: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    for contract in contracts:
+        bugs.failed(contract, name)
+
+
+def test_waiver_is_a_labelled_skip_and_shows_in_the_report(pytester: pytest.Pytester) -> None:
+    report = pytester.path / "matrix"
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--impl={ZOO / 'real_world_correct.py'}", "--device=cpu", "--max-examples=2",
+        "--contracts=unneeded_grads", "-p", "no:cacheprovider", "-rs", f"--conformance-report={report}",
+    )
+    text = result.stdout.str()
+    assert "waived by spec 'blockwise_attention_f32': dq, dk and dv come from one fused backward kernel" in text
+    results = json.loads((pytester.path / "matrix.json").read_text())["results"]
+    assert results["blockwise_attention_f32-cpu"]["unneeded_grads"] == "waived"
+    assert results["layer_norm_f32-cpu"]["unneeded_grads"] == "passed"
+    assert "| waived |" in (pytester.path / "matrix.md").read_text()
+
+
+def test_blocked_tests_show_their_owner_in_the_report(pytester: pytest.Pytester) -> None:
+    report = pytester.path / "matrix"
+    pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--impl={ZOO / 'real_world_bugs.py'}", "--device=cpu", "--max-examples=2",
+        "--contracts=grad_meta,reference", "-p", "no:cacheprovider", f"--conformance-report={report}",
+    )
+    results = json.loads((pytester.path / "matrix.json").read_text())["results"]
+    assert results["bias_grad_summed_to_scalar-cpu"] == {"grad_meta": "failed", "reference": "blocked by grad_meta"}
+
+
+def test_spec_waiver_is_validated(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from conformance import SpecError, Tensor, register
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            return 2 * g
+
+    with pytest.raises(SpecError, match="field 'waivers': 'gradcheck' cannot be waived"):
+        register(Twice, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, waivers={"gradcheck": "slow"})
+    with pytest.raises(SpecError, match="must be a non-empty reason"):
+        register(Twice, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, waivers={"unneeded_grads": " "})

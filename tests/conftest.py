@@ -10,6 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
+
+
+def _warm_term_bounds() -> None:
+    """Same for what the term bounds (conformance/terms.py) import lazily while following a
+    decomposition (torch._decomp pulls in parts of torch._inductor that register operators)."""
+    from conformance.terms import TermMagnitudes
+
+    x = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+    with TermMagnitudes():
+        y = torch.nn.functional.layer_norm(torch.softmax(x, -1), (3,))
+        torch.autograd.grad(y.sum(), x)
+
+
+_warm_term_bounds()
+
 try:
     # torch.testing.assert_close imports torch.distributed.tensor lazily. pytester's in-process
     # runs drop modules first imported inside them, and importing it again re-registers torch

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 
-
 def _warm_term_bounds() -> None:
     """Same for what the term bounds (conformance/terms.py) import lazily while following a
     decomposition (torch._decomp pulls in parts of torch._inductor that register operators)."""

@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Blocked", "Defect", "ForwardError", "require_sound", "structural_defects"]
 
-# The contracts that own structural defects, in the order they are looked for.
-STRUCTURAL_OWNERS = ("return_count", "grad_meta")
-
-
 @dataclass(frozen=True)
 class Defect:
     """A defect found on backward's raw return value, and the contract that owns it."""
@@ -169,9 +165,9 @@ def require_sound(contract: str, execution: Execution) -> None:
     error = execution.backward_error
     if error is None:
         return
-    call = execution.recorder.calls[-1] if execution.recorder.calls else None
-    cause = call.error if call is not None and call.error is not None else error
-    inside = call is not None and call.error is not None
+    last = execution.recorder.calls[-1] if execution.recorder.calls else None
+    inside = last is not None and last.error is not None
+    cause = last.error if last is not None and last.error is not None else error
     fail(
         f"backward raised {type(cause).__name__}, but should return gradients "
         f"[{execution.case.spec.fn.__qualname__}.{'backward' if inside else 'backward (raised by the autograd engine)'}]",

@@ -94,13 +94,12 @@ def execute(
     fn: type[torch.autograd.Function] | None = None,
     grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None = None,
     retain_graph: bool = False,
-    raise_backward: bool = False,
 ) -> Execution:
     """Forward through a probed copy of the Function; then backward unless told not to.
 
     Backward goes through ``torch.autograd.grad`` with respect to every input that requires grad,
-    so the engine's own checks still run; its errors are kept in ``backward_error`` (re-raised
-    with ``raise_backward``) because the raw record usually explains them better. A forward that
+    so the engine's own checks still run; its errors are kept in ``backward_error`` (see
+    :func:`conformance.defects.require_sound`) because the raw record usually explains them. A forward that
     raises is re-raised as :class:`ForwardError`, which the runner reports as the contract's
     failure with the case. Every call builds fresh inputs from the case's recipes, so a Function
     that writes into its inputs cannot change what another evaluation sees.
@@ -127,8 +126,6 @@ def execute(
             diff_outputs, wrt, execution.grad_outputs, allow_unused=True, retain_graph=retain_graph
         )
     except Exception as error:  # the contracts explain engine errors from the raw record
-        if raise_backward:
-            raise
         execution.backward_error = error
         return execution
     execution.grads = dict(zip(execution.wrt_names, grads))

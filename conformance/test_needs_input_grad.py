@@ -109,14 +109,15 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
         case = replace(drawn, requires_grad=subset)
         if target.context is not None:
             target.context.case = case  # the report and repro show the subset that failed
+        execution = _run(case, subset)
         if efficiency:
             # A wrong needs_input_grad index also computes an unneeded gradient: one defect,
             # reported once, by needs_input_grad.
             try:
-                _check_subset(target, case, expected, efficiency=False)
+                _check_subset(target, case, expected, execution, efficiency=False)
             except ContractFailure as failure:
                 raise Blocked(Defect("needs_input_grad", failure.summary), case) from None
-        _check_subset(target, case, expected, efficiency=efficiency)
+        _check_subset(target, case, expected, execution, efficiency=efficiency)
     if target.context is not None:
         target.context.case = drawn
 
@@ -125,8 +126,9 @@ def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
     run_subsets(target, data, efficiency=False)
 
 
-def _check_subset(target: Target, case: Case, expected: dict[str, Any], *, efficiency: bool) -> None:
-    execution = _run(case, case.requires_grad)
+def _check_subset(
+    target: Target, case: Case, expected: dict[str, Any], execution: Execution, *, efficiency: bool
+) -> None:
     if not case.requires_grad:
         if not efficiency:
             _check_no_grad_forward(target, case, execution)

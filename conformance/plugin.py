@@ -7,16 +7,30 @@ tests in this package or passes ``--impl``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import platform
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from conformance.expectations import Expectation, Expectations
 from conformance.loader import ImplError, load_impls
-from conformance.outcomes import Expectations, OutcomeMatrix, test_key
-from conformance.runner import PROFILES, STATUS_PROPERTY, RunOptions, Target
+from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
+from conformance.runner import (
+    FAILURE_PROPERTY,
+    NOT_APPLICABLE,
+    NOT_RUN_HERE,
+    PROFILES,
+    REPRO_PROPERTY,
+    STATUS_PROPERTY,
+    UNMET_EXPECTATION_PROPERTY,
+    RunOptions,
+    Target,
+)
 from conformance.spec import Spec, SpecError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -28,18 +42,6 @@ _DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-
-_state_key = pytest.StashKey["_State"]()
-
-
-class _State:
-    def __init__(self) -> None:
-        self.specs: list[Spec] | None = None
-        self.options: RunOptions | None = None
-        self.devices: tuple[str, ...] = ()
-        self.expectations: Expectations | None = None
-        self.matrix = OutcomeMatrix()
-
 
 # ------------------------------------------------------------------------ options
 
@@ -97,14 +99,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     option(
         "--expectations",
         "conformance_expectations",
-        "JSON file of known deviations {\"contract[name-device]\": \"reason\"}: those tests xfail "
-        "with the reason; entries that match nothing or pass are reported as stale",
+        "JSON file of known deviations, {\"contract[name-device]\": \"reason\"} or a list of "
+        "{contract, function, device, dtype, reason} objects: those tests xfail with the reason; "
+        "entries that match no test or pass are reported as stale",
         metavar="FILE",
+    )
+    option(
+        "--strict-expectations",
+        "conformance_strict_expectations",
+        "fail the run on a stale expectation (one that matches no test, or whose test passed)",
+        action="store_const",
+        const="true",
     )
     option(
         "--conformance-report",
         "conformance_report",
-        "write PATH.json and PATH.md: the matrix of Functions x contracts with outcomes",
+        "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "
+        "reasons and repro scripts (written to PATH.repro/)",
         metavar="PATH",
     )
     option(
@@ -137,6 +148,18 @@ def _list_setting(config: pytest.Config, name: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()] if raw else []
 
 
+def _cuda_usable() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def _cuda_findings() -> str:
+    build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return (
+        f"torch {torch.__version__} ({build}), torch.cuda.is_available()={torch.cuda.is_available()}, "
+        f"torch.cuda.device_count()={torch.cuda.device_count()}"
+    )
+
+
 def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
     profile = _setting(config, "conformance_profile") or "dev"
     if profile not in PROFILES:
@@ -152,6 +175,12 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
     device = _setting(config, "conformance_device") or "auto"
     if device not in DEVICE_CHOICES:
         raise pytest.UsageError(f"--device={device!r} is not one of {', '.join(DEVICE_CHOICES)}; pass e.g. --device=cpu")
+    if device == "cuda" and not _cuda_usable():
+        # A GPU job that silently skips everything would pass while testing nothing.
+        raise pytest.UsageError(
+            f"--device=cuda, but CUDA is not usable here: {_cuda_findings()}. Run on a machine with a working "
+            "CUDA driver and a CUDA build of torch, or pass --device=cpu (or auto)"
+        )
     devices = ("cpu", "cuda") if device == "auto" else (device,)
     options = RunOptions(
         profile=profile,
@@ -181,7 +210,7 @@ def _targets_this_package(config: pytest.Config) -> bool:
     return False
 
 
-def _prepare_devices(config: pytest.Config) -> None:
+def _prepare_devices() -> None:
     if not torch.cuda.is_available():
         # Triton kernels can only run under the interpreter, which must be chosen before
         # any @triton.jit function is decorated, i.e. before the --impl modules are imported.
@@ -192,17 +221,232 @@ def _prepare_devices(config: pytest.Config) -> None:
         torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())  # one GPU per worker
 
 
-def _load(config: pytest.Config) -> list[Spec]:
-    state = config.stash[_state_key]
-    if state.specs is None:
-        assert state.options is not None
-        _prepare_devices(config)
-        try:
-            state.specs = load_impls(state.options.impl)
-        except (SpecError, ImplError) as error:
-            raise pytest.UsageError(str(error)) from None
-        _check_contract_names(config)
-    return state.specs
+def _triton_mode() -> str:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "not installed"
+    return "interpreted" if os.environ.get("TRITON_INTERPRET") == "1" else "native"
+
+
+CONTRACT_FIXTURE = "conformance_target"
+# user_properties keys a contract test's reports carry to the controller (also under xdist).
+TEST_PROPERTY = "conformance_test"  # (contract, function, device)
+RERUN_PROPERTY = "conformance_rerun"
+EXPECTATION_PROPERTY = "conformance_expectation"  # label of the entry that xfails it
+
+_session_key = pytest.StashKey["ConformanceSession"]()
+_dtype_expectations_key: pytest.StashKey[tuple[Expectation, ...]] = pytest.StashKey()
+
+
+class ConformanceSession:
+    """The run's options, specs, expectations and outcomes, and the hooks that use them.
+
+    Registered in ``pytest_configure`` (one per process: the controller and each xdist worker).
+    Workers collect and run; the controller sees every report, so it alone keeps the matrix,
+    decides staleness and writes reports.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.options: RunOptions | None = None
+        self.devices: tuple[str, ...] = ()
+        self.specs: list[Spec] | None = None
+        self.expectations: Expectations | None = None
+        self.matrix = OutcomeMatrix()
+        self.is_worker = hasattr(config, "workerinput")
+
+    # ---------------------------------------------------------------- setup
+
+    def ensure_options(self) -> RunOptions:
+        if self.options is None:
+            self.options, self.devices = _read_options(self.config)
+            path = _setting(self.config, "conformance_expectations")
+            if path:
+                strict = (_setting(self.config, "conformance_strict_expectations") or "").lower() in ("1", "true", "yes")
+                self.expectations = Expectations.load(path, strict=strict, dtypes=_DTYPES)
+        return self.options
+
+    def load(self) -> list[Spec]:
+        if self.specs is None:
+            options = self.ensure_options()
+            _prepare_devices()
+            try:
+                self.specs = load_impls(options.impl)
+            except (SpecError, ImplError) as error:
+                raise pytest.UsageError(str(error)) from None
+            _check_contract_names(self.config)
+        return self.specs
+
+    def possible_tests(self) -> list[tuple[str, str, str]]:
+        """Every (contract, function, device) the registered Functions have, whatever this run selects."""
+        return [(c, s.name, d) for s in self.specs or () for d in s.devices for c in known_contracts()]
+
+    # ---------------------------------------------------------------- hooks
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        if self.specs is None or self.options is None:
+            return None
+        names = ", ".join(s.name for s in self.specs)
+        cuda = f"cuda ({torch.cuda.get_device_name()})" if _cuda_usable() else "cuda: not available, CUDA tests not run"
+        return [
+            f"autograd-conformance: {len(self.specs)} Functions registered from --impl={self.options.impl}: {names}",
+            f"autograd-conformance: devices {', '.join(self.devices)} [{cuda}]; profile {self.options.profile}; "
+            f"seed {self.options.seed}; triton {_triton_mode()}; torch {torch.__version__}",
+        ]
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if CONTRACT_FIXTURE not in metafunc.fixturenames:
+            return
+        params = [
+            pytest.param((spec, device), id=f"{spec.name}-{device}")
+            for spec in self.load()
+            for device in self.devices
+            if device in spec.devices
+        ]
+        metafunc.parametrize(CONTRACT_FIXTURE, params, indirect=True)
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if self.options is None:
+            return
+        for item in items:
+            key = _item_key(item)
+            if key is None:
+                continue
+            item.user_properties.append((TEST_PROPERTY, key))
+            if self.expectations is not None:
+                self._apply_expectations(item, key)
+        wanted = set(_list_setting(config, "conformance_contracts"))
+        unwanted = set(_list_setting(config, "conformance_skip_contracts"))
+        if not wanted and not unwanted:
+            return
+        kept, dropped = [], []
+        for item in items:
+            key = _item_key(item)
+            if key is not None and ((wanted and key[0] not in wanted) or key[0] in unwanted):
+                dropped.append(item)
+            else:
+                kept.append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
+    def _apply_expectations(self, item: pytest.Item, key: tuple[str, str, str]) -> None:
+        assert self.expectations is not None
+        matching = self.expectations.for_test(*key)
+        whole = [e for e in matching if e.dtype is None]
+        if whole:
+            item.add_marker(pytest.mark.xfail(
+                reason=f"expected deviation {whole[0].label}: {whole[0].reason}", strict=self.expectations.strict,
+            ))
+            item.user_properties.append((EXPECTATION_PROPERTY, whole[0].label))
+        item.stash[_dtype_expectations_key] = tuple(e for e in matching if e.dtype is not None)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.is_worker:
+            return
+        properties = dict(report.user_properties)
+        key = properties.get(TEST_PROPERTY)
+        if not isinstance(key, (tuple, list)) or (report.when != "call" and report.passed):
+            return
+        contract, function, device = key
+        outcome, reason = _outcome_and_reason(report, properties)
+        self.matrix.record(function, device, contract, Cell(
+            outcome=outcome,
+            reason=reason,
+            duration=report.duration if report.when == "call" else 0.0,
+            repro=str(properties.get(REPRO_PROPERTY, "")),
+            message=report.longreprtext if outcome in ("failed", "error", "xpassed") else "",
+            rerun=str(properties.get(RERUN_PROPERTY, "")),
+        ))
+        if self.expectations is not None:
+            if outcome == "xpassed" and isinstance(properties.get(EXPECTATION_PROPERTY), str):
+                self.expectations.xpassed.add(str(properties[EXPECTATION_PROPERTY]))
+            for name, value in report.user_properties:
+                if name == UNMET_EXPECTATION_PROPERTY:
+                    self.expectations.xpassed.add(str(value))
+
+    def stale_expectations(self) -> list[str]:
+        if self.expectations is None or self.specs is None:
+            return []
+        return self.expectations.stale(self.possible_tests())
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.is_worker or self.options is None:
+            return
+        stale = self.stale_expectations()
+        if stale:
+            assert self.expectations is not None
+            strict = " (strict: the run fails)" if self.expectations.strict else ""
+            terminalreporter.section(f"autograd-conformance: stale expectations{strict}")
+            for line in stale:
+                terminalreporter.write_line(f"{self.expectations.path}: {line}")
+        if self.matrix.totals() and sum(self.matrix.totals().values()):
+            lines = self.matrix.terminal_lines(verbosity=config.get_verbosity())
+            if lines:
+                terminalreporter.section("autograd-conformance")
+                for line in lines:
+                    terminalreporter.write_line(line)
+        path = _setting(config, "conformance_report")
+        if path and sum(self.matrix.totals().values()):
+            written = self.matrix.write(_resolve(config, path), self.run_info())
+            terminalreporter.write_line(f"autograd-conformance: report written to {', '.join(str(p) for p in written)}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.is_worker or self.expectations is None or not self.expectations.strict:
+            return
+        if self.stale_expectations() and exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def run_info(self) -> RunInfo:
+        assert self.options is not None
+        versions = {"python": platform.python_version(), "torch": torch.__version__}
+        for package, dist in (("hypothesis", "hypothesis"), ("pytest", "pytest"), ("triton", "triton"),
+                              ("autograd-conformance", "autograd-conformance")):
+            try:
+                versions[package] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                versions[package] = "not installed"
+        described = f"cuda: {torch.cuda.get_device_name()}" if _cuda_usable() else "cpu only (CUDA not available)"
+        dtypes = tuple(str(d).removeprefix("torch.") for d in self.options.dtypes) if self.options.dtypes else None
+        return RunInfo(
+            seed=self.options.seed,
+            profile=self.options.profile,
+            max_examples=self.options.max_examples,
+            impl=self.options.impl,
+            devices=self.devices,
+            dtypes=dtypes,
+            device_description=described,
+            triton=_triton_mode(),
+            versions=versions,
+            command=shlex.join(["pytest", *self.config.invocation_params.args]),
+            header=tuple(self.pytest_report_header(self.config) or ()),
+        )
+
+
+def _resolve(config: pytest.Config, path: str) -> Path:
+    return Path(config.invocation_params.dir) / path
+
+
+def _outcome_and_reason(report: pytest.TestReport, properties: dict[str, Any]) -> tuple[str, str]:
+    """The matrix outcome of one report and its one-line reason."""
+    status = properties.get(STATUS_PROPERTY)
+    if hasattr(report, "wasxfail"):
+        return ("xfailed" if report.skipped else "xpassed"), str(report.wasxfail)
+    if report.failed:
+        failure = properties.get(FAILURE_PROPERTY)
+        reason = str(failure) if failure else (report.longreprtext.strip().splitlines() or [""])[-1]
+        return ("failed" if report.when == "call" else "error"), reason
+    if report.skipped:
+        longrepr = report.longrepr
+        reason = str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        outcomes = {NOT_APPLICABLE: "not_applicable", NOT_RUN_HERE: "not_run_here", "waived": "waived"}
+        if isinstance(status, str) and status.startswith("blocked by "):
+            return "blocked", reason
+        return outcomes.get(str(status), "skipped"), reason
+    return "passed", ""
 
 
 @pytest.hookimpl(trylast=True)
@@ -210,42 +454,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "conformance_contract(name): a contract test of autograd-conformance (set by the plugin)"
     )
-    state = _State()
-    config.stash[_state_key] = state
+    session = ConformanceSession(config)
+    config.stash[_session_key] = session
+    config.pluginmanager.register(session, "autograd-conformance-session")
     explicit_impl = config.getoption("conformance_impl", default=None) is not None
-    if not (explicit_impl or _targets_this_package(config)):
-        return  # inert: options are parsed lazily if contract tests are collected anyway
-    _ensure_options(config)
-    _load(config)
-
-
-def _ensure_options(config: pytest.Config) -> _State:
-    state = config.stash[_state_key]
-    if state.options is None:
-        state.options, state.devices = _read_options(config)
-    if state.expectations is None:
-        path = _setting(config, "conformance_expectations")
-        if path:
-            state.expectations = Expectations.load(path)
-    return state
-
-
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    state = config.stash.get(_state_key, None)
-    if state is None or state.specs is None or state.options is None:
-        return None
-    names = ", ".join(s.name for s in state.specs)
-    cuda = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cuda: not available, tests skip"
-    return [
-        f"autograd-conformance: {len(state.specs)} Functions registered from --impl={state.options.impl}: {names}",
-        f"autograd-conformance: devices {', '.join(state.devices)} [{cuda}]; profile {state.options.profile}; "
-        f"seed {state.options.seed}; torch {torch.__version__}",
-    ]
+    if explicit_impl or _targets_this_package(config):
+        session.load()  # otherwise inert: options are read lazily if contract tests are collected anyway
 
 
 # ------------------------------------------------------------------------ collection
-
-CONTRACT_FIXTURE = "conformance_target"
 
 
 def _contract_name(function_name: str) -> str:
@@ -264,132 +481,74 @@ def _check_contract_names(config: pytest.Config) -> None:
             raise pytest.UsageError(f"{flag}: unknown contracts {unknown}; choose from {', '.join(known)}")
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if CONTRACT_FIXTURE not in metafunc.fixturenames:
-        return
-    state = _ensure_options(metafunc.config)
-    specs = _load(metafunc.config)
-    cuda_available = torch.cuda.is_available()
-    params = []
-    for spec in specs:
-        for device in state.devices:
-            if device not in spec.devices:
-                continue
-            marks = []
-            if device == "cuda" and not cuda_available:
-                marks.append(pytest.mark.skip(reason="CUDA is not available on this machine (torch.cuda.is_available() is False)"))
-            params.append(pytest.param((spec, device), id=f"{spec.name}-{device}", marks=marks))
-    metafunc.parametrize(CONTRACT_FIXTURE, params, indirect=True)
-
-
-def _item_key(item: pytest.Item) -> tuple[str, str] | None:
-    """(contract, param id) of a contract test item, else None."""
-    if CONTRACT_FIXTURE not in getattr(item, "fixturenames", ()):
-        return None
+def _item_key(item: pytest.Item) -> tuple[str, str, str] | None:
+    """(contract, function, device) of a contract test item, else None."""
     callspec = getattr(item, "callspec", None)
-    if callspec is None:
+    if CONTRACT_FIXTURE not in getattr(item, "fixturenames", ()) or callspec is None:
         return None
-    return _contract_name(getattr(item, "originalname", item.name)), callspec.id
+    spec, device = callspec.params[CONTRACT_FIXTURE]
+    return _contract_name(getattr(item, "originalname", item.name)), spec.name, device
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    state = config.stash.get(_state_key, None)
-    if state is None or state.options is None:
-        return
-    if state.expectations is not None:
-        for item in items:
-            key = _item_key(item)
-            reason = state.expectations.reason_for(test_key(*key)) if key else None
-            if reason is not None:
-                item.add_marker(pytest.mark.xfail(reason=f"expected deviation: {reason}", strict=False))
-    wanted = set(_list_setting(config, "conformance_contracts"))
-    unwanted = set(_list_setting(config, "conformance_skip_contracts"))
-    if not wanted and not unwanted:
-        return
-    kept, dropped = [], []
-    for item in items:
-        fixturenames = getattr(item, "fixturenames", ())
-        contract = _contract_name(getattr(item, "originalname", item.name))
-        if CONTRACT_FIXTURE in fixturenames and ((wanted and contract not in wanted) or contract in unwanted):
-            dropped.append(item)
-        else:
-            kept.append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+def rerun_command(config: pytest.Config, item: pytest.Item, options: RunOptions, device: str) -> str:
+    """The command that replays ``item``'s examples, for how this suite was loaded.
+
+    A copy inside the directory pytest ran in (checkout, vendored) is named by path; an
+    installed one by ``--pyargs``. ``python -m pytest`` puts that directory on ``sys.path``
+    like the run had it. Every option that shapes the examples is spelled out.
+    """
+    run_dir = Path(config.invocation_params.dir).resolve()
+    path = Path(item.path).resolve()
+    if run_dir in path.parents and not {"site-packages", "dist-packages"} & set(path.parts):
+        selector = f"{os.path.relpath(path, run_dir)}::{item.name}"
+        target = [selector]
+    else:
+        target = ["--pyargs", f"conformance.{path.stem}::{item.name}"]
+    parts = ["python", "-m", "pytest", *target, f"--impl={options.impl}", f"--device={device}",
+             f"--seed={options.seed}", f"--profile={options.profile}"]
+    if options.max_examples is not None:
+        parts.append(f"--max-examples={options.max_examples}")
+    if options.dtypes is not None:
+        parts.append("--dtypes=" + ",".join(str(d).removeprefix("torch.") for d in options.dtypes))
+    return shlex.join(parts)
+
+
+def _repro_dir(request: pytest.FixtureRequest) -> Path:
+    report = _setting(request.config, "conformance_report")
+    if report:
+        return _resolve(request.config, f"{report}.repro")
+    factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+    return factory.getbasetemp() / "conformance-repro"
 
 
 @pytest.fixture
 def conformance_target(request: pytest.FixtureRequest) -> Target:
     """The registered Function and device this contract test checks."""
     spec, device = request.param
-    state = _ensure_options(request.config)
-    assert state.options is not None
+    session = request.config.stash[_session_key]
+    options = session.ensure_options()
+    node = request.node
+    rerun = rerun_command(request.config, node, options, device)
+    node.user_properties.append((RERUN_PROPERTY, rerun))
     target = Target(
         spec=spec,
         device=device,
-        contract=_contract_name(request.node.originalname),
-        options=state.options,
-        nodeid=request.node.nodeid,
-        user_properties=request.node.user_properties,
+        contract=_contract_name(node.originalname),
+        options=options,
+        nodeid=node.nodeid,
+        user_properties=node.user_properties,
+        rerun=rerun,
+        repro_dir=_repro_dir(request),
+        run_dir=Path(request.config.invocation_params.dir),
+        dtype_expectations=node.stash.get(_dtype_expectations_key, ()),
+        strict_expectations=session.expectations is not None and session.expectations.strict,
     )
+    if device == "cuda" and not _cuda_usable():
+        target.not_run_here(f"CUDA is not available on this machine ({_cuda_findings()})")
     if not target.dtypes():
-        pytest.skip(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
+        target.not_run_here(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
     reason = spec.waivers.get(target.contract)
     if reason is not None:
-        request.node.user_properties.append((STATUS_PROPERTY, "waived"))
+        node.user_properties.append((STATUS_PROPERTY, "waived"))
         pytest.skip(f"waived by spec {spec.name!r}: {reason}")
     return target
-
-
-# ------------------------------------------------------------------------ outcomes
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    config = _CONFIG.get("config")
-    if config is None:
-        return
-    state = config.stash.get(_state_key, None)
-    if state is None or state.options is None or "::test_" not in report.nodeid or "[" not in report.nodeid:
-        return
-    function, _, param = report.nodeid.rpartition("::")[2].partition("[")
-    if report.when != "call" and report.passed:
-        return
-    outcome: str = report.outcome
-    if hasattr(report, "wasxfail"):
-        outcome = "xfailed" if report.skipped else "xpassed"
-    elif report.when != "call" and report.failed:
-        outcome = "error"
-    elif report.skipped:
-        status = dict(report.user_properties).get(STATUS_PROPERTY)
-        if isinstance(status, str):
-            outcome = status
-    key = (_contract_name(function), param.rstrip("]"))
-    state.matrix.record(key[0], key[1], outcome)
-    if outcome == "xpassed" and state.expectations is not None:
-        state.expectations.passed_anyway.add(test_key(*key))
-
-
-_CONFIG: dict[str, pytest.Config] = {}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _CONFIG["config"] = session.config
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    state = config.stash.get(_state_key, None)
-    if state is None or state.options is None or hasattr(config, "workerinput"):
-        return
-    if state.expectations is not None:
-        stale = state.expectations.stale()
-        if stale:
-            terminalreporter.section("autograd-conformance: stale expectations")
-            for line in stale:
-                terminalreporter.write_line(f"{state.expectations.path}: {line}")
-    path = _setting(config, "conformance_report")
-    if path and state.matrix.outcomes:
-        header = pytest_report_header(config) or []
-        json_path, md_path = state.matrix.write(path, header)
-        terminalreporter.write_line(f"autograd-conformance: report written to {json_path} and {md_path}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -30,13 +30,36 @@ __all__ = [
 
 
 class ContractFailure(AssertionError):
-    """A Function broke a contract. ``str()`` is the whole user-facing report."""
+    """A Function broke a contract. ``str()`` is the whole user-facing report.
 
-    def __init__(self, contract: str, spec_name: str, summary: str, report: str) -> None:
+    The report ends with how to reproduce it: the path of the repro script once the runner
+    has written one (``repro_path``), else an inline snippet, then the rerun command.
+    """
+
+    def __init__(self, contract: str, spec_name: str, summary: str, head: str, *, snippet: str = "", rerun: str = "") -> None:
         self.contract = contract
         self.spec_name = spec_name
         self.summary = summary
-        super().__init__(report)
+        self.head = head
+        self.snippet = snippet
+        self.rerun = rerun
+        self.repro_path = ""
+        self.dtype: torch.dtype | None = None  # the failing example's dtype, when known
+        super().__init__(head)
+
+    def report_text(self, *, include_repro: bool = True) -> str:
+        lines = [self.head]
+        if include_repro and self.repro_path:
+            lines.append(f"  repro script: python {self.repro_path}")
+        elif include_repro and self.snippet:
+            lines.append("  repro:")
+            lines.extend(f"    {line}" for line in self.snippet.splitlines())
+        if include_repro and self.rerun:
+            lines.append(f"  rerun: {self.rerun}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report_text()
 
 
 @dataclass
@@ -49,6 +72,12 @@ class TestContext:
     nodeid: str = ""
     rerun: str = ""
     case: Case | None = None
+    dtypes_seen: set[torch.dtype] = field(default_factory=set)
+
+    def use_case(self, case: Case) -> None:
+        """The case now being checked: failure reports describe it and rebuild it."""
+        self.case = case
+        self.dtypes_seen.add(case.dtype)
 
 
 _context: contextvars.ContextVar[TestContext | None] = contextvars.ContextVar("conformance_context", default=None)
@@ -85,11 +114,12 @@ def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | 
     lines.extend(f"  {line}" for detail in details if detail for line in detail.splitlines())
     if case is not None:
         lines.append(f"  case: {case.describe()}")
-        lines.append("  repro:")
-        lines.extend(f"    {line}" for line in case.repro().splitlines())
-    if context is not None and context.rerun:
-        lines.append(f"  rerun: {context.rerun}")
-    raise ContractFailure(contract, spec.name if spec else "?", summary, "\n".join(lines))
+    failure = ContractFailure(
+        contract, spec.name if spec else "?", summary, "\n".join(lines),
+        snippet=case.repro() if case is not None else "", rerun=context.rerun if context is not None else "",
+    )
+    failure.dtype = case.dtype if case is not None else None
+    raise failure
 
 
 def _index(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ import traceback
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,24 +23,47 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
 from conformance.defects import Blocked, ForwardError
+from conformance.expectations import Expectation
 from conformance.report import ContractFailure, TestContext, fail, reset_context, set_context
+from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
 from conformance.spec import Spec
 from strategies.cases import Case, cases
 
-__all__ = ["PROFILES", "STATUS_PROPERTY", "RunOptions", "Target", "example_seed"]
+__all__ = [
+    "FAILURE_PROPERTY",
+    "NOT_APPLICABLE",
+    "NOT_RUN_HERE",
+    "PROFILES",
+    "REPRO_PROPERTY",
+    "STATUS_PROPERTY",
+    "UNMET_EXPECTATION_PROPERTY",
+    "RunOptions",
+    "Target",
+    "example_seed",
+]
 
-# The key under which a test records a non-plain outcome ("blocked by <contract>", "waived") in
-# ``item.user_properties``: it travels with the report, also from xdist workers.
+# Keys under which a test records what its report needs in ``item.user_properties`` (they travel
+# with the report, also from xdist workers): a non-plain outcome ("blocked by <contract>",
+# "waived", NOT_APPLICABLE, NOT_RUN_HERE) and the path of a failure's repro script.
 STATUS_PROPERTY = "conformance_status"
+REPRO_PROPERTY = "conformance_repro"
+# The one-line summary of a contract failure (the report's reason for the cell).
+FAILURE_PROPERTY = "conformance_failure"
+# The label of a dtype expectation whose dtype was exercised without failing (it is stale).
+UNMET_EXPECTATION_PROPERTY = "conformance_unmet_expectation"
+# A skip because the contract says nothing about this Function (single output, no CPU twin, ...)
+NOT_APPLICABLE = "not applicable"
+# A skip because this machine or run cannot check it (no CUDA, dtype excluded by --dtypes, ...)
+NOT_RUN_HERE = "not run here"
 
 PROFILES: dict[str, dict[str, Any]] = {
-    # database=None everywhere: a stored failure replayed on one machine only would make
-    # verdicts depend on history. The explicit per-test seed makes every profile reproducible.
-    "dev": {"max_examples": 10},
-    "ci": {"max_examples": 10, "derandomize": False},
-    "thorough": {"max_examples": 100},
+    # Every profile is seeded per test (see example_seed): same --seed => same examples and
+    # verdicts on any machine. database=None everywhere: a failure replayed from one machine's
+    # history would make verdicts depend on it. The profiles differ in how hard they look.
+    "dev": {"max_examples": 5},  # the local loop: a first verdict fast
+    "ci": {"max_examples": 10, "derandomize": True},  # fixed count, printed seed: what CI gates on
+    "thorough": {"max_examples": 100},  # before a release, or after touching a backward
 }
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -81,8 +105,15 @@ class Target:
     contract: str = ""
     options: RunOptions = field(default_factory=RunOptions)
     nodeid: str = ""
-    context: TestContext | None = None
-    user_properties: list[tuple[str, object]] = field(default_factory=list)
+    context: TestContext | None = field(default=None, repr=False)
+    user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
+    rerun: str = field(default="", repr=False)  # the command that replays this test
+    repro_dir: Path | None = field(default=None, repr=False)  # where a failure's repro script goes
+    run_dir: Path | None = field(default=None, repr=False)  # where pytest ran (repro scripts run from there)
+    replay_draws: Sequence[tuple[str | None, Any]] | None = field(default=None, repr=False)  # see conformance.repro
+    last_draws: list[tuple[str | None, Any]] = field(default_factory=list, repr=False)
+    dtype_expectations: tuple[Expectation, ...] = field(default=(), repr=False)  # xfail in that dtype only
+    strict_expectations: bool = field(default=False, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``."""
@@ -96,39 +127,87 @@ class Target:
     def require_float64(self, why: str) -> None:
         """Skip (with the reason) unless the spec lists float64 and ``--dtypes`` keeps it."""
         if not self.spec.supports_float64:
-            pytest.skip(f"{self.spec.name!r} does not list torch.float64 in dtypes; {why}")
+            self.not_applicable(f"{self.spec.name!r} does not list torch.float64 in dtypes; {why}")
         if self.options.dtypes is not None and torch.float64 not in self.options.dtypes:
-            pytest.skip(f"float64 is excluded by --dtypes; {why}")
+            self.not_run_here(f"float64 is excluded by --dtypes; {why}")
+
+    def not_applicable(self, reason: str) -> None:
+        """Skip: the contract says nothing about this Function (reported as "n/a")."""
+        __tracebackhide__ = True
+        self.user_properties.append((STATUS_PROPERTY, NOT_APPLICABLE))
+        pytest.skip(reason)
+
+    def not_run_here(self, reason: str) -> None:
+        """Skip: this machine or these options cannot check it (reported as "not run here")."""
+        __tracebackhide__ = True
+        self.user_properties.append((STATUS_PROPERTY, NOT_RUN_HERE))
+        pytest.skip(reason)
 
     def draw_case(self, data: st.DataObject, **kwargs: Any) -> Case:
         """Draw a case on this target's device (labelled ``case`` in Hypothesis reports)."""
         kwargs.setdefault("dtypes", self.dtypes())
         case = data.draw(cases(self.spec, device=self.device, **kwargs), label="case")
         if self.context is not None:
-            self.context.case = case
+            self.context.use_case(case)
         return case
 
     def run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None = None) -> None:
-        """Run ``check`` as a Hypothesis property with this run's settings and seed."""
+        """Run ``check`` as a Hypothesis property with this run's settings and seed (or once on
+        ``replay_draws``); a failure gets a repro script in ``repro_dir``."""
         __tracebackhide__ = True
+        self.context = TestContext(
+            contract=self.contract, spec=self.spec, device=self.device, nodeid=self.nodeid, rerun=self.rerun
+        )
+        property_ = self._property(check)
+        if self.replay_draws is not None:
+            property_(ReplayData(self.replay_draws))
+            return
         run_settings = self.options.hypothesis_settings()
         if max_examples is not None and self.options.max_examples is None:
             run_settings = settings(run_settings, max_examples=max_examples)
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
-        self.context = TestContext(
-            contract=self.contract,
-            spec=self.spec,
-            device=self.device,
-            nodeid=self.nodeid,
-            rerun=f"pytest {self.nodeid!r} --impl={self.options.impl} --seed={self.options.seed}"
-            f" --profile={self.options.profile}",
-        )
+        try:
+            run_settings(seed(test_seed)(given(data=st.data())(property_)))()
+        except Blocked as blocked:
+            self.skip_blocked(blocked)
+        except ContractFailure as failure:
+            # Hypothesis ran the minimal failing example last: its draws are the ones recorded.
+            self._attach_repro(failure)
+            self.user_properties.append((FAILURE_PROPERTY, failure.summary))
+            expected = self._expected_in(failure.dtype)
+            if expected is not None:
+                pytest.xfail(f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}")
+            raise
+        self._note_unmet_expectations()
 
-        def property_(data: st.DataObject) -> None:
+    def _expected_in(self, dtype: torch.dtype | None) -> Expectation | None:
+        name = str(dtype).removeprefix("torch.")
+        return next((e for e in self.dtype_expectations if e.dtype == name), None)
+
+    def _note_unmet_expectations(self) -> None:
+        """A dtype expectation whose dtype was checked and passed is stale (and fails if strict)."""
+        __tracebackhide__ = True
+        seen = self.context.dtypes_seen if self.context is not None else set()
+        unmet = [e for e in self.dtype_expectations if any(self._expected_in(d) is e for d in seen)]
+        for expectation in unmet:
+            self.user_properties.append((UNMET_EXPECTATION_PROPERTY, expectation.label))
+        if unmet and self.strict_expectations:
+            pytest.fail(
+                f"[{self.contract}] expected deviation {unmet[0].label} did not occur: {self.spec.name} passed on "
+                f"{unmet[0].dtype} examples; remove the entry (strict expectations)",
+                pytrace=False,
+            )
+
+    def _property(self, check: Callable[[Target, st.DataObject], None]) -> Callable[[Any], None]:
+        """``check`` with its draws recorded and any raw error turned into a labelled failure."""
+
+        def property_(data: Any) -> None:
             token = set_context(self.context)
+            recorder = DrawRecorder(data)
+            self.last_draws = recorder.draws
             try:
-                check(self, data)
-            except (ContractFailure, Blocked, HypothesisException):
+                check(self, recorder)  # type: ignore[arg-type]
+            except (ContractFailure, Blocked, HypothesisException, ReplayMismatch):
                 raise
             except ForwardError as error:
                 cause = error.__cause__ or error
@@ -147,17 +226,31 @@ class Target:
                 reset_context(token)
 
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
+        return property_
+
+    def _attach_repro(self, failure: ContractFailure) -> None:
+        """Write the repro script of the failing example; keep the inline snippet if it cannot be."""
+        if self.repro_dir is None:
+            return
+        path = self.repro_dir / script_name(self.contract, self.spec.name, self.device)
         try:
-            run_settings(seed(test_seed)(given(data=st.data())(property_)))()
-        except Blocked as blocked:
-            self.skip_blocked(blocked)
+            write_script(
+                path, contract=self.contract, spec_name=self.spec.name, device=self.device,
+                impl=self.options.impl, draws=self.last_draws, summary=failure.summary,
+                run_dir=self.run_dir or Path.cwd(),
+            )
+        except (ReproUnavailable, OSError) as error:
+            failure.head += f"\n  (no repro script: {error})"
+            return
+        failure.repro_path = str(path)
+        self.user_properties.append((REPRO_PROPERTY, str(path)))
 
     def skip_blocked(self, blocked: Blocked) -> None:
         """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
         __tracebackhide__ = True
         self.user_properties.append((STATUS_PROPERTY, f"blocked by {blocked.defect.owner}"))
         case = f"; case: {blocked.case.describe()}" if blocked.case is not None else ""
-        rerun = f"; rerun: {self.context.rerun}" if self.context is not None and self.context.rerun else ""
+        rerun = f"; rerun: {self.rerun}" if self.rerun else ""
         pytest.skip(f"blocked by {blocked.defect.owner}: {blocked.defect.summary}; see {blocked.defect.owner}{case}{rerun}")
 
 

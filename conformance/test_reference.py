@@ -20,7 +20,6 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -53,7 +52,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> None:
     fn_name = spec.fn.__qualname__
     dtype_name = str(dtype).removeprefix("torch.")
     if target.context is not None:
-        target.context.case = case.with_dtype(dtype)  # the repro rebuilds this dtype
+        target.context.use_case(case.with_dtype(dtype))  # the repro rebuilds this dtype
     with random_state(spec, case):
         impl = execute(case, dtype=dtype)
     require_sound(target.contract, impl)
@@ -180,14 +179,14 @@ def check_reference(target: Target, data: st.DataObject) -> None:
 
 def test_reference(conformance_target: Target) -> None:
     if not conformance_target.dtypes():
-        pytest.skip("every dtype of this spec is excluded by --dtypes")
+        conformance_target.not_run_here("every dtype of this spec is excluded by --dtypes")
     if conformance_target.spec.nondeterministic and conformance_target.device != "cpu":
-        pytest.skip(
+        conformance_target.not_applicable(
             "declared nondeterministic: the float64 truth is computed on the CPU, whose random stream "
             "differs from the device's, so values are compared on the -cpu test id only"
         )
     if conformance_target.spec.nondeterministic and torch.float64 not in conformance_target.dtypes():
-        pytest.skip(
+        conformance_target.not_applicable(
             "declared nondeterministic without float64: random draws differ between dtypes, so values "
             "can only be compared with the reference in float64 under one seeded RNG state"
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -54,6 +54,7 @@ ZOO = Path(__file__).resolve().parent / "zoo"
 class Verdict:
     outcome: str  # "passed" | "failed" | "skipped"
     text: str  # the failure (or skip) report, "" when passed
+    properties: dict[str, object] = field(default_factory=dict)  # the report's user_properties
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ConformanceRun:
 
     result: pytest.RunResult
     verdicts: dict[tuple[str, str, str], Verdict]
+    run_dir: Path  # where pytest ran (repro scripts run from there)
 
     def verdict(self, contract: str, name: str, device: str = "cpu") -> Verdict:
         key = (contract, name, device)
@@ -125,8 +127,8 @@ def run_conformance(
         name, _, device = param.rstrip("]").rpartition("-")
         contract = function.removeprefix("test_")
         text = str(report.longrepr) if report.longrepr else ""
-        verdicts[(contract, name, device)] = Verdict(report.outcome, text)
-    run = ConformanceRun(result, verdicts)
+        verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties))
+    run = ConformanceRun(result, verdicts, pytester.path)
     if cache:
         _cache[key] = run
     return run

@@ -1,0 +1,312 @@
+"""Repro scripts: a failing example replayed as a standalone ``python repro.py``.
+
+While a property runs, every ``data.draw`` of the contract check is recorded (label and value).
+When the test fails, the draws of the failing example are written as Python source into a
+script that loads the spec, rebuilds the same :class:`~strategies.cases.Case` values and runs
+the *same* contract check once through :func:`replay` -- so the script fails with the
+contract's own message and numbers (second order for gradgradcheck, both layouts for layouts,
+...) and passes once the Function is fixed.
+
+Public helpers for scripts: :func:`load_spec`, :func:`replay`; ``Case``/``ArgRecipe`` are
+re-exported so a script needs nothing else from this package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from strategies.cases import ArgRecipe, Case
+
+__all__ = [
+    "ArgRecipe",
+    "Case",
+    "DrawRecorder",
+    "ReplayData",
+    "ReproUnavailable",
+    "load_spec",
+    "replay",
+    "script_name",
+    "to_source",
+    "write_script",
+]
+
+# Exit statuses of a repro script.
+EXIT_PASSED, EXIT_FAILED, EXIT_NOT_CHECKED = 0, 1, 2
+
+
+class ReproUnavailable(Exception):
+    """A drawn value has no Python source form (the failure report keeps the inline snippet)."""
+
+
+class ReplayMismatch(Exception):
+    """The contract check asked for other draws than the script recorded (the suite changed)."""
+
+
+class ReplayExhausted(ReplayMismatch):
+    """The check went past the point where the example failed and wants draws the failing run
+    never made: every check the failing run made now holds."""
+
+
+class DrawRecorder:
+    """Wraps Hypothesis' ``data`` object; records ``(label, value)`` of every draw."""
+
+    def __init__(self, data: Any) -> None:
+        self._data = data
+        self.draws: list[tuple[str | None, Any]] = []
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        value = self._data.draw(strategy, label=label)
+        self.draws.append((label, value))
+        return value
+
+
+class ReplayData:
+    """Stands in for Hypothesis' ``data``: hands back recorded draws, in order, checking labels."""
+
+    def __init__(self, draws: Sequence[tuple[str | None, Any]]) -> None:
+        self._draws = list(draws)
+        self._position = 0
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        if self._position >= len(self._draws):
+            raise ReplayExhausted(label)
+        recorded_label, value = self._draws[self._position]
+        if recorded_label != label:
+            raise ReplayMismatch(
+                f"draw {self._position + 1} is {label!r} in this version of the suite but {recorded_label!r} "
+                "in the script: rerun the test to get a new one"
+            )
+        self._position += 1
+        return value
+
+
+# ------------------------------------------------------------------------ values as source
+
+
+def to_source(value: Any) -> str:
+    """Python source that evaluates to ``value`` (with ``torch``, ``Case``, ``ArgRecipe``,
+    ``spec`` in scope); :class:`ReproUnavailable` for values without one."""
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, tuple):
+        inner = ", ".join(to_source(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(to_source(v) for v in value) + "]"
+    if isinstance(value, (set, frozenset)):
+        items = sorted(to_source(v) for v in value)
+        text = "{" + ", ".join(items) + "}" if items else ""
+        return f"frozenset({text})" if isinstance(value, frozenset) else (text or "set()")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{to_source(k)}: {to_source(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Case):
+        fields = [f"spec=spec, device={value.device!r}, dtype={value.dtype}"]
+        for f in dataclasses.fields(value):
+            if f.name in ("spec", "device", "dtype"):
+                continue
+            current = getattr(value, f.name)
+            if f.name == "recipes":
+                recipes = "".join(f"\n        {to_source(r)}," for r in current)
+                fields.append(f"recipes=({recipes}\n    )")
+            elif _differs_from_default(f, current):
+                fields.append(f"{f.name}={to_source(current)}")
+        return "Case(\n    " + ",\n    ".join(fields) + ",\n)"
+    if isinstance(value, ArgRecipe):
+        parts = [repr(value.name), repr(value.kind)]
+        parts += [
+            f"{f.name}={to_source(getattr(value, f.name))}"
+            for f in dataclasses.fields(value)
+            if f.name not in ("name", "kind") and _differs_from_default(f, getattr(value, f.name))
+        ]
+        return f"ArgRecipe({', '.join(parts)})"
+    raise ReproUnavailable(f"a drawn {type(value).__name__} ({value!r:.60}) has no source form")
+
+
+def _differs_from_default(f: dataclasses.Field[Any], current: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return bool(current != f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(current != f.default_factory())
+    return True
+
+
+# ------------------------------------------------------------------------ writing scripts
+
+
+def script_name(contract: str, spec_name: str, device: str) -> str:
+    """``<contract>-<function>-<device>.py`` with anything unsafe in a file name replaced."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{contract}-{spec_name}-{device}") + ".py"
+
+
+def write_script(
+    path: Path,
+    *,
+    contract: str,
+    spec_name: str,
+    device: str,
+    impl: str,
+    draws: Sequence[tuple[str | None, Any]],
+    summary: str,
+    run_dir: Path,
+) -> Path:
+    """Write the repro script of one failing example to ``path``; returns it.
+
+    ``run_dir`` is the directory pytest ran in: the script is meant to be run from there, and
+    puts it first on ``sys.path`` (as ``python -m pytest`` does) so ``impl`` imports the same way.
+    Raises :class:`ReproUnavailable` when a draw cannot be written as source.
+    """
+    draw_lines = []
+    for label, value in draws:
+        draw_lines.append(f"    ({label!r}, {_indent(to_source(value))}),")
+    suite_parent = Path(__file__).resolve().parent.parent
+    sys_path = ["os.getcwd()"]
+    if not {"site-packages", "dist-packages"} & set(suite_parent.parts):
+        # A checkout or vendored copy: import this package from where pytest found it.
+        sys_path.append(repr(_relative_or_absolute(suite_parent, run_dir)))
+    body = f'''"""Repro of a failing autograd-conformance test.
+
+[{contract}] {spec_name} on {device}: {_docstring_safe(summary)}
+
+Run it from {_docstring_safe(str(run_dir))} (where pytest ran):
+
+    python {_docstring_safe(str(path))}
+
+It rebuilds the failing example (inputs, grad_outputs, layouts) and runs the same contract
+check once: exit 1 and the contract's message while the defect is there, exit 0 once fixed,
+exit 2 when the check cannot run here. To look at the tensors yourself, after `case = ...`:
+args = case.args(); out = spec.fn.apply(*args); grads = case.grad_outputs([out]).
+"""
+import os
+import sys
+
+sys.path[:0] = [{", ".join(sys_path)}]
+
+import torch  # noqa: E402
+
+from conformance.repro import ArgRecipe, Case, load_spec, replay  # noqa: E402
+
+spec = load_spec({impl!r}, {spec_name!r})
+
+draws = [
+{chr(10).join(draw_lines)}
+]
+
+replay(spec, {contract!r}, device={device!r}, draws=draws, impl={impl!r})
+'''
+    compile(body, str(path), "exec")  # a script that does not parse is a bug here, not the user's
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    return path
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n    ")
+
+
+def _docstring_safe(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"""', "'''")
+
+
+def _relative_or_absolute(path: Path, start: Path) -> str:
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+# ------------------------------------------------------------------------ replaying
+
+
+def load_spec(impl: str, name: str) -> Any:
+    """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths)."""
+    from conformance.loader import load_impls
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # as the plugin does, before any kernel import
+    specs = load_impls(impl)
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise SystemExit(f"--impl={impl} registers no Function named {name!r}; it registers {[s.name for s in specs]}")
+
+
+def replay(
+    spec: Any,
+    contract: str,
+    *,
+    device: str,
+    draws: Sequence[tuple[str | None, Any]],
+    impl: str = "",
+    exit: bool = True,
+) -> int:
+    """Run contract ``contract``'s check once on the recorded ``draws``; print the verdict.
+
+    Returns (or, with ``exit=True``, exits with) 0 when the check passes, 1 with the contract's
+    message when it fails, 2 when it cannot run here (e.g. CUDA absent).
+    """
+    status, message = _replay(spec, contract, device=device, draws=draws, impl=impl)
+    print(message, file=sys.stderr if status else sys.stdout)
+    if exit:
+        raise SystemExit(status)
+    return status
+
+
+def _replay(spec: Any, contract: str, *, device: str, draws: Sequence[tuple[str | None, Any]], impl: str) -> tuple[int, str]:
+    from _pytest.outcomes import OutcomeException
+
+    from conformance.defects import Blocked
+    from conformance.report import ContractFailure
+    from conformance.runner import RunOptions, Target
+
+    bound = [(label, _bind(value, spec)) for label, value in draws]
+    try:
+        module = importlib.import_module(f"conformance.test_{contract}")
+    except ImportError:
+        return EXIT_NOT_CHECKED, f"no contract named {contract!r} in this version of autograd-conformance"
+    test: Callable[[Target], None] = getattr(module, f"test_{contract}")
+    if device == "cuda" and not torch.cuda.is_available():
+        return EXIT_NOT_CHECKED, "not checked: the example runs on CUDA, which is not available here"
+    target = Target(spec=spec, device=device, contract=contract, options=RunOptions(impl=impl or "?"), replay_draws=bound)
+    try:
+        test(target)
+    except ContractFailure as failure:
+        return EXIT_FAILED, failure.report_text(include_repro=False)
+    except Blocked as blocked:
+        return EXIT_FAILED, f"[{contract}] blocked by {blocked.defect.owner}: {blocked.defect.summary}"
+    except ReplayExhausted:
+        return EXIT_PASSED, (
+            f"passed: [{contract}] {spec.name} on {device} holds on this example (every check the failing run "
+            "made; the run stopped there, so later parts of the example were never drawn)"
+        )
+    except ReplayMismatch as error:
+        return EXIT_NOT_CHECKED, f"not checked: {error}"
+    except OutcomeException as outcome:  # pytest.skip / xfail inside the contract's own test
+        return EXIT_NOT_CHECKED, f"not checked: {outcome.msg}"
+    return EXIT_PASSED, f"passed: [{contract}] {spec.name} on {device} holds on this example"
+
+
+def _bind(value: Any, spec: Any) -> Any:
+    """Recorded values with the loaded spec put into every Case (scripts write ``spec=spec``)."""
+    if isinstance(value, Case):
+        return dataclasses.replace(value, spec=spec)
+    if isinstance(value, tuple):
+        return tuple(_bind(v, spec) for v in value)
+    if isinstance(value, list):
+        return [_bind(v, spec) for v in value]
+    return value

@@ -1,0 +1,125 @@
+"""Repro scripts reproduce: every zoo bug's script fails with its contract's message and numbers,
+and the same script passes when the Function is replaced by a correct twin.
+
+The zoo runs are the ones the contract-family tests make (same arguments, so a worker that ran
+them already reuses them). All scripts of one run are replayed in one subprocess (``runpy``, as
+``python script.py`` would run them) to keep the test fast; a few are also run truly standalone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.repro import EXIT_FAILED, EXIT_PASSED
+from conformance.runner import FAILURE_PROPERTY, REPRO_PROPERTY
+from tests.conftest import REPO, ZOO
+from tests.test_core_contracts import CORE
+from tests.test_derivative_layout_determinism_device_contracts import BEHAVIOUR as DERIVATIVE_BEHAVIOUR
+from tests.test_grad_and_memory_contracts import BEHAVIOUR as MEMORY_BEHAVIOUR
+from tests.test_numerical_contracts import NUMERIC
+from tests.test_triton_kernels import BUG_CONTRACTS as TRITON_CONTRACTS
+
+# (zoo file, extra args, contracts, max_examples): the runs the contract-family tests make.
+ZOO_RUNS = {
+    "core_bugs": ("core_bugs.py", (), CORE, 5),
+    "derivative_layout_determinism_bugs": (
+        "derivative_layout_determinism_bugs.py", (), (*DERIVATIVE_BEHAVIOUR, "gradcheck"), 10,
+    ),
+    "grad_and_memory_bugs": ("grad_and_memory_bugs.py", (), (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
+    "gradcheck_bugs": ("gradcheck_bugs.py", (), ("gradcheck",), 3),
+    "numeric_bugs": ("numeric_bugs.py", (), NUMERIC, 4),
+    "real_world_bugs": ("real_world_bugs.py", (), (), 8),
+    "transposed_grad_output_bugs": ("transposed_grad_output_bugs.py", (), ("inplace", "reference"), 3),
+    "triton_bugs": ("triton_bugs.py", ("--device=cpu",), TRITON_CONTRACTS, 4),
+}
+
+# Zoo bugs that are nondeterministic on purpose (unseeded noise in backward).
+NONDETERMINISTIC_BUGS = ("noisy_backward", "undeclared_noise")
+
+# Replays every script given in a JSON list, in this process, as `python script.py` would;
+# with "twin", the spec's Function is swapped for the correct twin built from its reference.
+DRIVER = """
+import contextlib, io, json, runpy, sys
+sys.path.append(sys.argv[4])
+jobs, mode, out_path = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+if mode == "twin":
+    import conformance.repro as repro
+    from tests.twins import with_twin
+    load = repro.load_spec
+    repro.load_spec = lambda impl, name: with_twin(load(impl, name))
+results = []
+for script in jobs:
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            status = 0
+        except SystemExit as done:
+            status = done.code
+    results.append([status, captured.getvalue()])
+json.dump(results, open(out_path, "w"))
+"""
+
+
+def _replay_all(scripts: list[str], mode: str, run_dir: Path, tmp_path: Path) -> list[tuple[int, str]]:
+    jobs, out = tmp_path / f"jobs-{mode}.json", tmp_path / f"results-{mode}.json"
+    jobs.write_text(json.dumps(scripts))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the scripts set their own path
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(jobs), mode, str(out), str(REPO)],
+        cwd=run_dir, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [(status, text) for status, text in json.loads(out.read_text())]
+
+
+@pytest.mark.parametrize("run_name", sorted(ZOO_RUNS))
+def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
+    conformance_run, tmp_path: Path, run_name: str  # type: ignore[no-untyped-def]
+) -> None:
+    file_name, extra, contracts, max_examples = ZOO_RUNS[run_name]
+    run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
+    failures = {key: v for key, v in run.verdicts.items() if v.outcome == "failed"}
+    assert failures, f"{file_name}: no failures to reproduce"
+    missing = [key for key, v in failures.items() if REPRO_PROPERTY not in v.properties]
+    assert not missing, f"failures without a repro script: {missing}"
+    keys = sorted(failures)
+    scripts = [str(failures[k].properties[REPRO_PROPERTY]) for k in keys]
+
+    for key, (status, text) in zip(keys, _replay_all(scripts, "as_written", run.run_dir, tmp_path)):
+        contract, name, _ = key
+        verdict = failures[key]
+        assert status == EXIT_FAILED, f"{key}: the repro script exited {status}, but should fail:\n{text}"
+        head = text.strip().splitlines()[0]
+        assert head.startswith(f"[{contract}] ") and str(verdict.properties[FAILURE_PROPERTY]) in head, (
+            f"{key}: the script says {head!r}, but should report {verdict.properties[FAILURE_PROPERTY]!r}"
+        )
+        if name in NONDETERMINISTIC_BUGS:
+            continue  # their numbers differ from run to run, by definition: the head line is the check
+        # Same numbers: every line the script prints is a line of the test's own report.
+        for line in text.strip().splitlines():
+            assert line.strip() in verdict.text, f"{key}: {line.strip()!r} is not in the test's report:\n{verdict.text}"
+
+    twin_results = _replay_all(scripts, "twin", run.run_dir, tmp_path)
+    for key, (status, text) in zip(keys, twin_results):
+        assert status == EXIT_PASSED, f"{key}: the repro script exited {status} on the correct twin:\n{text}"
+        assert "passed:" in text
+
+
+def test_a_repro_script_runs_standalone_from_where_pytest_ran(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    """``python script.py`` with nothing on PYTHONPATH, from the directory pytest ran in."""
+    file_name, extra, contracts, max_examples = ZOO_RUNS["core_bugs"]
+    run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
+    verdict = run.verdict("grad_meta", "wrong_dtype_grad")
+    script = Path(str(verdict.properties[REPRO_PROPERTY]))
+    assert f"repro script: python {script}" in verdict.text
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
+    assert "grad['x'].dtype=torch.float32, but should be torch.float64" in done.stderr

@@ -69,8 +69,8 @@ def test_missing_transpose_fails_gradcheck(core_bugs) -> None:  # type: ignore[n
 def test_failure_report_carries_repro_and_rerun(core_bugs) -> None:  # type: ignore[no-untyped-def]
     text = core_bugs.failed("grad_meta", "wrong_dtype_grad")
     assert "[grad_meta] WrongDtypeGrad ('wrong_dtype_grad')" in text
-    assert "repro:" in text and "import_path(" in text
-    assert "rerun: pytest" in text and "--seed=0" in text
+    assert "repro script: python " in text and "grad_meta-wrong_dtype_grad-cpu.py" in text
+    assert "rerun: python -m pytest " in text and "--seed=0" in text and "--device=cpu" in text
     assert "Draw 1 (case)" in text  # Hypothesis's own falsifying example stays in the report
 
 

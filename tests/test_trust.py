@@ -62,7 +62,7 @@ def test_one_defect_fails_one_contract_and_blocks_the_rest_with_a_labelled_line(
             continue
         text = verdict.text
         if "blocked by" in text:
-            assert f"blocked by {owner}: " in text and "case: " in text and "rerun: pytest " in text, text
+            assert f"blocked by {owner}: " in text and "case: " in text and "rerun: python -m pytest " in text, text
             assert "Traceback" not in text and "\n" not in text.strip().splitlines()[-1], text
 
 
@@ -121,9 +121,9 @@ def test_waiver_is_a_labelled_skip_and_shows_in_the_report(pytester: pytest.Pyte
     )
     text = result.stdout.str()
     assert "waived by spec 'blockwise_attention_f32': dq, dk and dv come from one fused backward kernel" in text
-    results = json.loads((pytester.path / "matrix.json").read_text())["results"]
-    assert results["blockwise_attention_f32-cpu"]["unneeded_grads"] == "waived"
-    assert results["layer_norm_f32-cpu"]["unneeded_grads"] == "passed"
+    matrix = json.loads((pytester.path / "matrix.json").read_text())["matrix"]
+    assert matrix["blockwise_attention_f32-cpu"]["unneeded_grads"] == "waived"
+    assert matrix["layer_norm_f32-cpu"]["unneeded_grads"] == "passed"
     assert "| waived |" in (pytester.path / "matrix.md").read_text()
 
 
@@ -133,8 +133,11 @@ def test_blocked_tests_show_their_owner_in_the_report(pytester: pytest.Pytester)
         str(CONFORMANCE_DIR), f"--impl={ZOO / 'real_world_bugs.py'}", "--device=cpu", "--max-examples=2",
         "--contracts=grad_meta,reference", "-p", "no:cacheprovider", f"--conformance-report={report}",
     )
-    results = json.loads((pytester.path / "matrix.json").read_text())["results"]
-    assert results["bias_grad_summed_to_scalar-cpu"] == {"grad_meta": "failed", "reference": "blocked by grad_meta"}
+    data = json.loads((pytester.path / "matrix.json").read_text())
+    assert data["matrix"]["bias_grad_summed_to_scalar-cpu"] == {"grad_meta": "failed", "reference": "blocked"}
+    blocked = next(c for c in data["results"] if c["function"] == "bias_grad_summed_to_scalar" and c["contract"] == "reference")
+    assert blocked["reason"].startswith("blocked by grad_meta: grad['b'].shape=(), but should be (1,)")
+    assert "blocked by grad_meta" in (pytester.path / "matrix.md").read_text()
 
 
 def test_spec_waiver_is_validated(clean_registry) -> None:  # type: ignore[no-untyped-def]

@@ -57,6 +57,9 @@ def reference_twin(spec: Spec) -> type[torch.autograd.Function]:
                     result[position] = torch.zeros_like(leaf) if grad is None else grad
             return tuple(result)
 
+    if not spec.double_backward:
+        # As the spec declares: double backward must raise.
+        ReferenceTwin.backward = staticmethod(torch.autograd.function.once_differentiable(ReferenceTwin.backward))  # type: ignore[method-assign]
     ReferenceTwin.__qualname__ = ReferenceTwin.__name__ = f"ReferenceTwinOf{spec.fn.__name__}"
     return ReferenceTwin
 

@@ -302,12 +302,14 @@ class OutcomeMatrix:
             return ["autograd-conformance: no contract tests recorded"]
         if verbosity <= -2:
             return [self.totals_line()]
+        # What could not run here is said even under -q: a skip count alone hides a CPU-only CI.
+        not_run = [
+            f"{len(keys)} {'test' if len(keys) == 1 else 'tests'} not run here: {reason}"
+            for _, reason, keys in self.reason_groups(["not_run_here"])
+        ]
         if verbosity == -1:
-            return [self.totals_line(), *self.failure_lines(verbosity=verbosity)]
-        lines = self._terminal_table()
-        lines.append(self.totals_line())
-        for _, reason, keys in self.reason_groups(["not_run_here"]):
-            lines.append(f"{len(keys)} {'test' if len(keys) == 1 else 'tests'} not run here: {reason}")
+            return [self.totals_line(), *not_run, *self.failure_lines(verbosity=verbosity)]
+        lines = [*self._terminal_table(), self.totals_line(), *not_run]
         if verbosity >= 1:
             for outcome, reason, keys in self.reason_groups(["xfailed", "blocked", "waived", "not_applicable", "skipped"]):
                 lines.append(f"{len(keys)} {TOTAL_WORDS[outcome]}: {reason}")

@@ -22,6 +22,7 @@ from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
 from conformance.runner import (
     FAILURE_PROPERTY,
+    FAILURE_REPORT_PROPERTY,
     NOT_APPLICABLE,
     NOT_RUN_HERE,
     PROFILES,
@@ -356,7 +357,7 @@ class ConformanceSession:
             reason=reason,
             duration=report.duration if report.when == "call" else 0.0,
             repro=str(properties.get(REPRO_PROPERTY, "")),
-            message=report.longreprtext if outcome in ("failed", "error", "xpassed") else "",
+            message=_failure_message(report, properties) if outcome in ("failed", "error", "xpassed") else "",
             rerun=str(properties.get(RERUN_PROPERTY, "")),
         ))
         if self.expectations is not None:
@@ -413,7 +414,7 @@ class ConformanceSession:
         return RunInfo(
             seed=self.options.seed,
             profile=self.options.profile,
-            max_examples=self.options.max_examples,
+            max_examples=self.options.hypothesis_settings().max_examples,
             impl=self.options.impl,
             devices=self.devices,
             dtypes=dtypes,
@@ -427,6 +428,12 @@ class ConformanceSession:
 
 def _resolve(config: pytest.Config, path: str) -> Path:
     return Path(config.invocation_params.dir) / path
+
+
+def _failure_message(report: pytest.TestReport, properties: dict[str, Any]) -> str:
+    """The contract's own report when the failure is a contract failure, else pytest's text."""
+    own = properties.get(FAILURE_REPORT_PROPERTY)
+    return str(own) if own and report.when == "call" else report.longreprtext
 
 
 def _outcome_and_reason(report: pytest.TestReport, properties: dict[str, Any]) -> tuple[str, str]:

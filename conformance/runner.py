@@ -31,6 +31,7 @@ from strategies.cases import Case, cases
 
 __all__ = [
     "FAILURE_PROPERTY",
+    "FAILURE_REPORT_PROPERTY",
     "NOT_APPLICABLE",
     "NOT_RUN_HERE",
     "PROFILES",
@@ -47,8 +48,10 @@ __all__ = [
 # "waived", NOT_APPLICABLE, NOT_RUN_HERE) and the path of a failure's repro script.
 STATUS_PROPERTY = "conformance_status"
 REPRO_PROPERTY = "conformance_repro"
-# The one-line summary of a contract failure (the report's reason for the cell).
+# The one-line summary of a contract failure (the report's reason for the cell), and its whole
+# report (the message a reader wants, without pytest's traceback).
 FAILURE_PROPERTY = "conformance_failure"
+FAILURE_REPORT_PROPERTY = "conformance_failure_report"
 # The label of a dtype expectation whose dtype was exercised without failing (it is stale).
 UNMET_EXPECTATION_PROPERTY = "conformance_unmet_expectation"
 # A skip because the contract says nothing about this Function (single output, no CPU twin, ...)
@@ -174,6 +177,7 @@ class Target:
             # Hypothesis ran the minimal failing example last: its draws are the ones recorded.
             self._attach_repro(failure)
             self.user_properties.append((FAILURE_PROPERTY, failure.summary))
+            self.user_properties.append((FAILURE_REPORT_PROPERTY, str(failure)))
             expected = self._expected_in(failure.dtype)
             if expected is not None:
                 pytest.xfail(f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}")

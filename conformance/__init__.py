@@ -1,8 +1,22 @@
 """autograd-conformance: property-based contract tests for torch.autograd.Function.
 
 Register a Function with :func:`register`; run ``pytest conformance --impl=yourmodule``.
+The names below are imported on first use, so importing this package (as pytest's plugin
+machinery may) costs nothing until a spec module uses it.
 """
 
-from conformance.spec import Index, Mask, Scalar, Spec, SpecError, Tensor, register, registered
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conformance.spec import Index, Mask, Scalar, Spec, SpecError, Tensor, register, registered
 
 __all__ = ["Index", "Mask", "Scalar", "Spec", "SpecError", "Tensor", "register", "registered"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("conformance.spec"), name)
+    raise AttributeError(f"module 'conformance' has no attribute {name!r}")

@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -45,19 +46,37 @@ def import_path(path: str | Path) -> ModuleType:
     return module
 
 
-def _import_target(target: str) -> str:
+def _import_target(target: str, search_paths: Sequence[Path]) -> str:
     """Import one target; return the module name its registrations are attributed to."""
     if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target).expanduser().resolve()
+        path = Path(target).expanduser()
+        for base in (Path.cwd(), *search_paths):
+            if (base / path).is_file():
+                path = base / path
+                break
+        path = path.resolve()
         if not path.is_file():
             raise ImplError(f"--impl={target}: no such file {str(path)!r}")
         return import_path(path).__name__
+    top = target.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        # Not installed: look where the run is, as pytest's `pythonpath` would (appended, so an
+        # installed package of the same name still wins).
+        for base in search_paths:
+            if (base / top).is_dir() or (base / f"{top}.py").is_file():
+                if str(base) not in sys.path:
+                    sys.path.append(str(base))
+                break
     importlib.import_module(target)
     return target
 
 
-def load_impls(impl: str) -> list[Spec]:
+def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
     """Import every comma-separated target of ``impl``; return the specs each registered.
+
+    Module names that are not importable are also looked up in ``search_paths`` (the directory
+    pytest runs in and its rootdir); relative ``.py`` paths are resolved against the current
+    directory first, then ``search_paths``.
 
     A spec belongs to a target when it was registered from the target module or one of its
     submodules, or during the target's import. Raises :class:`SpecError` for a bad spec and
@@ -70,7 +89,7 @@ def load_impls(impl: str) -> list[Spec]:
     for target in targets:
         before = {id(s) for s in registered()}
         try:
-            module_name = _import_target(target)
+            module_name = _import_target(target, search_paths)
         except (SpecError, ImplError):
             raise
         except ImportError as error:

@@ -1,8 +1,8 @@
-"""The pytest plugin: options, loading ``--impl``, and parametrizing the contract tests.
+"""The active side of the plugin: options, loading ``--impl``, parametrizing the contract tests,
+expectations, rerun commands and the outcome matrix.
 
-Registered through the ``pytest11`` entry point, it stays inert in a run that does not ask for
-it: it adds its options and a marker, and does nothing else unless the run collects the contract
-tests in this package or passes ``--impl``.
+``autograd_conformance_plugin`` (the light module pytest loads at start-up) imports this module
+and calls :func:`activate` only in runs that use the suite.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from autograd_conformance_plugin import CONTRACT_FIXTURE, DEFAULT_IMPL, DEVICE_CHOICES, DTYPE_NAMES
 from conformance.expectations import Expectation, Expectations
 from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
@@ -35,96 +36,9 @@ from conformance.runner import (
 from conformance.spec import Spec, SpecError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-DEFAULT_IMPL = "reference_ops"
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # ------------------------------------------------------------------------ options
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("conformance", "autograd-conformance (contract tests for torch.autograd.Function)")
-
-    def option(name: str, ini: str, help_text: str, **kwargs: Any) -> None:
-        group.addoption(name, dest=ini, default=None, help=f"{help_text} (ini: {ini})", **kwargs)
-        parser.addini(ini, help_text, default=None)
-
-    option(
-        "--impl",
-        "conformance_impl",
-        "comma-separated modules or paths to .py files whose register() calls are tested; "
-        f"default {DEFAULT_IMPL}",
-        metavar="MODULES",
-    )
-    option(
-        "--device",
-        "conformance_device",
-        "auto (cpu, plus cuda tests that skip when CUDA is absent), cpu or cuda; default auto",
-        metavar="DEVICE",
-    )
-    option(
-        "--max-examples",
-        "conformance_max_examples",
-        "Hypothesis examples per test; overrides the profile's",
-        metavar="N",
-    )
-    option(
-        "--profile",
-        "conformance_profile",
-        f"Hypothesis settings profile: {', '.join(PROFILES)}; default dev",
-        metavar="NAME",
-    )
-    option(
-        "--seed",
-        "conformance_seed",
-        "base seed for every property (same seed => same examples and verdicts); default 0",
-        metavar="N",
-    )
-    option(
-        "--dtypes",
-        "conformance_dtypes",
-        f"comma-separated dtypes to test, from {', '.join(_DTYPES)}; default every dtype the spec lists",
-        metavar="DTYPES",
-    )
-    option(
-        "--contracts",
-        "conformance_contracts",
-        "comma-separated contracts to run (e.g. gradcheck,grad_meta); default all",
-        metavar="NAMES",
-    )
-    option(
-        "--expectations",
-        "conformance_expectations",
-        "JSON file of known deviations, {\"contract[name-device]\": \"reason\"} or a list of "
-        "{contract, function, device, dtype, reason} objects: those tests xfail with the reason; "
-        "entries that match no test or pass are reported as stale",
-        metavar="FILE",
-    )
-    option(
-        "--strict-expectations",
-        "conformance_strict_expectations",
-        "fail the run on a stale expectation (one that matches no test, or whose test passed)",
-        action="store_const",
-        const="true",
-    )
-    option(
-        "--conformance-report",
-        "conformance_report",
-        "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "
-        "reasons and repro scripts (written to PATH.repro/)",
-        metavar="PATH",
-    )
-    option(
-        "--skip-contracts",
-        "conformance_skip_contracts",
-        "comma-separated contracts to leave out",
-        metavar="NAMES",
-    )
 
 
 def _setting(config: pytest.Config, name: str) -> str | None:
@@ -196,30 +110,35 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
 # ------------------------------------------------------------------------ activation
 
 
-def _targets_this_package(config: pytest.Config) -> bool:
-    """True when the invocation names this package (a path inside it, or ``--pyargs conformance``)."""
-    for arg in config.args:
-        path_part = str(arg).split("::")[0]
-        if path_part == "conformance" or path_part.startswith("conformance."):
-            return True
-        try:
-            resolved = (Path(config.invocation_params.dir) / path_part).resolve()
-        except OSError:
-            continue
-        if resolved == PACKAGE_DIR or PACKAGE_DIR in resolved.parents:
-            return True
-    return False
+def worker_gpus(worker: str, visible: int, per_worker: int = 1) -> tuple[int, ...]:
+    """The CUDA device indices (among the visible ones) xdist worker ``worker`` uses.
+
+    Worker ``gwN`` gets ``per_worker`` consecutive devices starting at ``N * per_worker``, wrapping
+    around the ``visible`` devices (so more workers than GPUs share them round-robin). Outside
+    xdist (``worker`` is ``""`` or ``"master"``) the first ``per_worker`` devices. Indices are
+    relative to ``CUDA_VISIBLE_DEVICES``, as torch's are.
+    """
+    if visible < 1:
+        raise ValueError(f"visible={visible!r}: no CUDA device to assign")
+    if per_worker < 1 or per_worker > visible:
+        raise ValueError(f"per_worker={per_worker!r} must be between 1 and the {visible} visible devices")
+    number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    first = number * per_worker
+    return tuple((first + i) % visible for i in range(per_worker))
 
 
-def _prepare_devices() -> None:
+def _prepare_devices(config: pytest.Config) -> None:
     if not torch.cuda.is_available():
         # Triton kernels can only run under the interpreter, which must be chosen before
         # any @triton.jit function is decorated, i.e. before the --impl modules are imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit():
-        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())  # one GPU per worker
+    per_worker = _int_setting(config, "conformance_gpus_per_worker", "--gpus-per-worker") or 1
+    try:
+        gpus = worker_gpus(os.environ.get("PYTEST_XDIST_WORKER", ""), torch.cuda.device_count(), per_worker)
+    except ValueError as error:
+        raise pytest.UsageError(f"--gpus-per-worker={per_worker}: {error}") from None
+    torch.cuda.set_device(gpus[0])
 
 
 def _triton_mode() -> str:
@@ -230,7 +149,6 @@ def _triton_mode() -> str:
     return "interpreted" if os.environ.get("TRITON_INTERPRET") == "1" else "native"
 
 
-CONTRACT_FIXTURE = "conformance_target"
 # user_properties keys a contract test's reports carry to the controller (also under xdist).
 TEST_PROPERTY = "conformance_test"  # (contract, function, device)
 RERUN_PROPERTY = "conformance_rerun"
@@ -271,9 +189,11 @@ class ConformanceSession:
     def load(self) -> list[Spec]:
         if self.specs is None:
             options = self.ensure_options()
-            _prepare_devices()
+            _prepare_devices(self.config)
+            # Like pytest's `pythonpath`: an uninstalled project's modules import from where it runs.
+            search = [Path(self.config.invocation_params.dir), Path(self.config.rootpath)]
             try:
-                self.specs = load_impls(options.impl)
+                self.specs = load_impls(options.impl, search_paths=search)
             except (SpecError, ImplError) as error:
                 raise pytest.UsageError(str(error)) from None
             _check_contract_names(self.config)
@@ -291,7 +211,8 @@ class ConformanceSession:
         names = ", ".join(s.name for s in self.specs)
         cuda = f"cuda ({torch.cuda.get_device_name()})" if _cuda_usable() else "cuda: not available, CUDA tests not run"
         return [
-            f"autograd-conformance: {len(self.specs)} Functions registered from --impl={self.options.impl}: {names}",
+            f"autograd-conformance: suite in {PACKAGE_DIR.parent}; {len(self.specs)} Functions registered from "
+            f"--impl={self.options.impl}: {names}",
             f"autograd-conformance: devices {', '.join(self.devices)} [{cuda}]; profile {self.options.profile}; "
             f"seed {self.options.seed}; triton {_triton_mode()}; torch {torch.__version__}",
         ]
@@ -456,17 +377,13 @@ def _outcome_and_reason(report: pytest.TestReport, properties: dict[str, Any]) -
     return "passed", ""
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "conformance_contract(name): a contract test of autograd-conformance (set by the plugin)"
-    )
+def activate(config: pytest.Config) -> ConformanceSession:
+    """Register this run's session (called by the start-up plugin when the run uses the suite)."""
     session = ConformanceSession(config)
     config.stash[_session_key] = session
     config.pluginmanager.register(session, "autograd-conformance-session")
-    explicit_impl = config.getoption("conformance_impl", default=None) is not None
-    if explicit_impl or _targets_this_package(config):
-        session.load()  # otherwise inert: options are read lazily if contract tests are collected anyway
+    session.load()
+    return session
 
 
 # ------------------------------------------------------------------------ collection
@@ -528,9 +445,8 @@ def _repro_dir(request: pytest.FixtureRequest) -> Path:
     return factory.getbasetemp() / "conformance-repro"
 
 
-@pytest.fixture
-def conformance_target(request: pytest.FixtureRequest) -> Target:
-    """The registered Function and device this contract test checks."""
+def make_target(request: pytest.FixtureRequest) -> Target:
+    """The ``conformance_target`` fixture's value: the Function and device this test checks."""
     spec, device = request.param
     session = request.config.stash[_session_key]
     options = session.ensure_options()

@@ -1,0 +1,152 @@
+"""Every command the README and docs/ show is run: by .ci/run (the set-up blocks and the
+quickstart, each in a fresh environment) or here (the rest), and the README's claims about the
+quickstart hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO
+
+SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
+# Blocks .ci/run executes as written (it calls `run_doc_block NAME`).
+RUN_BY_CI = ("project-tests", "main-job", "quickstart")
+# Inline mentions that are not runnable as written, with the test that runs what they name.
+INLINE_RUN_ELSEWHERE = {
+    "python <script>": "tests/test_repro_scripts.py runs the repro script of every zoo bug",
+    "python -m pytest": "tests/test_reruns.py runs printed rerun lines, which start with it",
+}
+
+
+def _doc_blocks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("doc_blocks", REPO / ".ci" / "doc_blocks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+DOC = _doc_blocks()
+RUN_HERE = ("vendor", "gha-cpu", "gha-gpu")
+
+
+def _is_commands(block: object) -> bool:
+    language, text = block.language, block.text  # type: ignore[attr-defined]
+    return language in SHELL_LANGUAGES or (language == "yaml" and re.search(r"^\s*-?\s*run:", text, re.M) is not None)
+
+
+def test_every_shell_block_is_named_and_run() -> None:
+    ci = (REPO / ".ci" / "run").read_text()
+    for name in RUN_BY_CI:
+        assert f"run_doc_block {name} " in ci, f".ci/run does not run the README block {name!r}"
+    for block in DOC.blocks(REPO):
+        if not _is_commands(block):
+            continue
+        assert block.kind == "run", f"{block.where}: a command block without <!-- doc-run: NAME --> (who runs it?)"
+        assert block.name in RUN_BY_CI + RUN_HERE, f"{block.where}: block {block.name!r} is run neither by .ci/run nor here"
+
+
+def test_inline_commands_are_run_somewhere() -> None:
+    """An inline `pytest ...`/`pip ...` command in the docs is part of a block that runs, or is
+    listed with the test that runs it."""
+    executed = "".join(b.text for b in DOC.blocks(REPO) if b.kind == "run") + (REPO / ".ci" / "run").read_text()
+    for path in DOC.documents(REPO):
+        for span in re.findall(r"`([^`\n]+)`", path.read_text()):
+            if re.match(r"(pytest|python3?|pip|bash) ", span) and span not in executed and span not in INLINE_RUN_ELSEWHERE:
+                pytest.fail(f"{path.relative_to(REPO)}: the command `{span}` is shown but no block or test runs it")
+
+
+def _sandbox(tmp_path: Path) -> Path:
+    """A user's project: the quickstart's my_ops.py, also as the package `mypkg`."""
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    my_ops = DOC.named("file", "my_ops.py", REPO).text
+    (project / "my_ops.py").write_text(my_ops)
+    (project / "mypkg" / "__init__.py").write_text(my_ops)
+    return project
+
+
+def _bash(commands: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    env.update(SUITE=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1")
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _yaml_run_lines(text: str) -> str:
+    return "\n".join(m.group(1) for m in re.finditer(r"^\s*-?\s*run:\s*(.+)$", text, re.M))
+
+
+def _vendored(tmp_path: Path) -> Path:
+    project = _sandbox(tmp_path)
+    done = _bash(DOC.named("run", "vendor", REPO).text.splitlines()[0], project)  # the copy line
+    assert done.returncode == 0, done.stderr
+    return project
+
+
+def test_vendor_block(tmp_path: Path) -> None:
+    project = _sandbox(tmp_path)
+    done = _bash(DOC.named("run", "vendor", REPO).text, project)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "13 passed" in done.stdout and (project / "autograd_conformance_plugin.py").is_file()
+
+
+def test_github_actions_cpu_recipe(tmp_path: Path) -> None:
+    project = _vendored(tmp_path)
+    done = _bash(_yaml_run_lines(DOC.named("run", "gha-cpu", REPO).text), project)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert (project / "conformance-report.html").is_file() and (project / "conformance-report.json").is_file()
+
+
+def test_github_actions_gpu_recipe(tmp_path: Path) -> None:
+    """Here (no CUDA) the recipe must fail at start-up, saying why, instead of passing."""
+    project = _vendored(tmp_path)
+    done = _bash(_yaml_run_lines(DOC.named("run", "gha-gpu", REPO).text), project)
+    import torch
+
+    if torch.cuda.is_available():
+        assert done.returncode == 0, done.stdout[-3000:]
+    else:
+        assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "--device=cuda, but CUDA is not usable here" in done.stderr
+
+
+def test_quickstart_claims(tmp_path: Path) -> None:
+    """The quickstart Function passes; with the documented bug, grad_meta fails with the quoted
+    message and the other contracts are blocked (the fresh-install path itself runs in .ci/run)."""
+    project = _sandbox(tmp_path)
+    command = DOC.named("run", "quickstart", REPO).text.strip().splitlines()[-1]
+    assert command == "pytest --pyargs conformance --impl=my_ops.py"
+    good = _bash(command, project)
+    assert good.returncode == 0 and "ok: 13 passed, 2 n/a, 15 not run here" in good.stdout, good.stdout[-3000:]
+
+    source = (project / "my_ops.py").read_text()
+    broken = source.replace(".sum(0).to(weight.dtype)", ".sum(0)")
+    assert broken != source, "the README's 'break it' edit no longer applies to the quickstart file"
+    (project / "my_ops.py").write_text(broken)
+    bad = _bash(command, project)
+    assert bad.returncode == 1
+    assert "grad['weight'].dtype=torch.float32, but should be torch.float16" in bad.stdout
+    # determinism and global_state meet the same defect (blocked); float64-only gradcheck does not.
+    assert re.search(r"^rmsnorm-cpu +b +- +b +F +\. +\. +b ", bad.stdout, re.M), bad.stdout[-3000:]
+
+
+def test_docs_only_name_files_that_exist() -> None:
+    for path in DOC.documents(REPO):
+        for target in re.findall(r"\]\(([^)#:]+)\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.relative_to(REPO)} links to {target}, which does not exist"
+
+
+def test_doc_blocks_tool_prints_a_named_block() -> None:
+    done = subprocess.run([sys.executable, str(REPO / ".ci" / "doc_blocks.py"), "run", "vendor"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("cp -r ")
+    missing = subprocess.run([sys.executable, str(REPO / ".ci" / "doc_blocks.py"), "run", "nope"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "'nope' is named by 0 blocks" in missing.stderr

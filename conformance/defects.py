@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from conformance.harness import Execution
     from strategies.cases import Case
 
-__all__ = ["Blocked", "Defect", "ForwardError", "require_sound", "structural_defects"]
+__all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects"]
 
 @dataclass(frozen=True)
 class Defect:
@@ -151,10 +151,48 @@ def structural_defects(
     return defects
 
 
+def forward_defect(case: Case, outputs: Sequence[Any]) -> Defect | None:
+    """A forward whose return value holds no tensor autograd tracks (a list, dict, None, a
+    number, a tuple of those), owned by ``return_count``: nothing can be differentiated, and
+    every other contract would find nothing to check."""
+    if any(isinstance(o, torch.Tensor) for o in outputs):
+        return None
+    fn_name = case.spec.fn.__qualname__
+    what = _describe_return(outputs[0]) if len(outputs) == 1 else f"a tuple without a Tensor {_describe_return(tuple(outputs))}"
+    return Defect(
+        "return_count",
+        f"forward returned {what}, but should return a Tensor or a tuple of Tensors [{fn_name}.forward]",
+        (
+            "autograd tracks only tensors that forward returns directly or as elements of a tuple: tensors "
+            "inside a list or dict are not connected to the graph, so no gradient flows back through them "
+            "and backward is never called.",
+            "Return `y` or `(y, z)`.",
+        ),
+    )
+
+
+def _describe_return(value: Any) -> str:
+    """``a list [Tensor((3,), float64, cpu), ...]``-style description of a forward's return."""
+    if value is None:
+        return "None"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(describe_value(v) for v in value)
+        return f"a {type(value).__name__} [{items}]" if isinstance(value, list) else f"({items})"
+    if isinstance(value, dict):
+        items = ", ".join(f"{k!r}: {describe_value(v)}" for k, v in value.items())
+        return f"a dict {{{items}}}"
+    return f"a {type(value).__name__} ({describe_value(value)})"
+
+
 def require_sound(contract: str, execution: Execution) -> None:
     """Stop unless ``execution`` ran cleanly: the owner of a structural defect fails with it,
     other contracts are blocked by it; a backward that raised otherwise fails ``contract``."""
     __tracebackhide__ = True
+    defect = forward_defect(execution.case, execution.outputs)
+    if defect is not None:
+        if defect.owner == contract:
+            fail(defect.summary, *defect.details)
+        raise Blocked(defect, execution.case)
     for call in execution.recorder.calls:
         defects = structural_defects(execution.case, call, execution.args, execution.outputs)
         own = [d for d in defects if d.owner == contract]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from conformance.defects import ForwardError, require_sound
+from conformance.global_state import kept_flags
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from conformance.spec import Spec
 
 __all__ = [
+    "FD_EPS",
+    "FD_SPACING",
     "NONDET_TOL",
     "Execution",
     "as_tuple",
@@ -29,6 +32,7 @@ __all__ = [
     "preflight",
     "random_state",
     "run_reference",
+    "why_no_backward",
 ]
 
 
@@ -94,6 +98,8 @@ def execute(
     fn: type[torch.autograd.Function] | None = None,
     grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None = None,
     retain_graph: bool = False,
+    after_forward: Callable[[Execution], None] | None = None,
+    after_backward: Callable[[Execution], None] | None = None,
 ) -> Execution:
     """Forward through a probed copy of the Function; then backward unless told not to.
 
@@ -102,8 +108,27 @@ def execute(
     :func:`conformance.defects.require_sound`) because the raw record usually explains them. A forward that
     raises is re-raised as :class:`ForwardError`, which the runner reports as the contract's
     failure with the case. Every call builds fresh inputs from the case's recipes, so a Function
-    that writes into its inputs cannot change what another evaluation sees.
+    that writes into its inputs cannot change what another evaluation sees. ``after_forward`` is
+    called between forward and backward, ``after_backward`` after a backward that returned (the
+    global_state contract looks at torch's state there); torch's global flags are put back when
+    the call returns (:func:`conformance.global_state.kept_flags`).
     """
+    with kept_flags():  # a Function that leaks global state is global_state's finding only
+        return _execute(case, dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph, after_forward, after_backward)
+
+
+def _execute(
+    case: Case,
+    dtype: torch.dtype | None,
+    device: str | None,
+    requires_grad: frozenset[str] | set[str] | None,
+    backward: bool,
+    fn: type[torch.autograd.Function] | None,
+    grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None,
+    retain_graph: bool,
+    after_forward: Callable[[Execution], None] | None,
+    after_backward: Callable[[Execution], None] | None,
+) -> Execution:
     probed, recorder = probe(fn or case.spec.fn)
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
     try:
@@ -112,6 +137,8 @@ def execute(
         raise ForwardError(f"{type(error).__name__}: {error}") from error
     execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder)
     execution.diff_positions = differentiable_positions(outputs)
+    if after_forward is not None:
+        after_forward(execution)
     if not backward:
         return execution
     wrt = [arg for arg in args if isinstance(arg, torch.Tensor) and arg.requires_grad]
@@ -129,7 +156,28 @@ def execute(
         execution.backward_error = error
         return execution
     execution.grads = dict(zip(execution.wrt_names, grads))
+    if after_backward is not None:
+        after_backward(execution)
     return execution
+
+
+def why_no_backward(execution: Execution) -> str:
+    """Why ``execution`` recorded no backward call: the reason a contract that inspects
+    backward gives for an example it could not check (see ``Target.not_checked``)."""
+    spec = execution.case.spec
+    if not spec.differentiable_inputs:
+        return (
+            f"{spec.name!r} declares no differentiable input (only Index/Mask/Scalar inputs or Tensors "
+            "with requires_grad=False), so backward never runs"
+        )
+    if not execution.wrt_names:
+        return "no input required grad in the examples drawn"
+    if not execution.diff_positions:
+        return (
+            "no output of forward requires grad (integer or boolean outputs, or all marked "
+            "non-differentiable), so backward never runs"
+        )
+    return "backward was not called"
 
 
 def run_reference(
@@ -185,6 +233,13 @@ def random_state(spec: Spec, case: Case) -> contextlib.AbstractContextManager[No
     return fixed_rng(zlib.crc32(repr(("random_state", case.grad_seed)).encode()), case.device)
 
 
+# The finite-difference step of gradcheck/gradgradcheck (torch's default), and how far apart the
+# values drawn for them are kept -- from each other and from declared kinks: 100 steps, so that
+# no central difference (which moves an element, or the difference of two, by at most 2 steps in
+# fast mode) straddles a tie or a kink (see strategies.values.spread).
+FD_EPS = 1e-6
+FD_SPACING = 100 * FD_EPS
+
 # Declared-nondeterministic backward: allowed difference between two backward calls (float64),
 # for gradcheck's and gradgradcheck's reentrancy check.
 NONDET_TOL = 1e-10
@@ -206,7 +261,7 @@ def function_of_tensors(
         # are the inplace contract's finding, not a wrong derivative.
         for position, tensor in zip(wrt_positions, wrt):
             full[position] = tensor.clone()
-        with random_state(case.spec, case):
+        with random_state(case.spec, case), kept_flags():
             outputs = as_tuple(function.apply(*forward_args(case, full)))
         return tuple(o for o in outputs if isinstance(o, torch.Tensor))
 

@@ -73,6 +73,10 @@ class TestContext:
     rerun: str = ""
     case: Case | None = None
     dtypes_seen: set[torch.dtype] = field(default_factory=set)
+    # Examples on which the contract checked its property, and why the others could not (in
+    # the order first given): a test none of whose examples checked anything is not a pass.
+    checked: int = 0
+    unchecked: dict[str, None] = field(default_factory=dict)
 
     def use_case(self, case: Case) -> None:
         """The case now being checked: failure reports describe it and rebuild it."""

@@ -24,6 +24,8 @@ from hypothesis.errors import HypothesisException
 
 from conformance.defects import Blocked, ForwardError
 from conformance.expectations import Expectation
+from conformance.global_state import pinned_global_state
+from conformance.harness import Execution, why_no_backward
 from conformance.report import ContractFailure, TestContext, fail, reset_context, set_context
 from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
 from conformance.spec import Spec
@@ -146,6 +148,28 @@ class Target:
         self.user_properties.append((STATUS_PROPERTY, NOT_RUN_HERE))
         pytest.skip(reason)
 
+    def checked(self) -> None:
+        """Count this example as one on which the contract checked its property.
+
+        Every contract calls it where its check has really run; :meth:`run` turns a test whose
+        examples never did into a skip with the reasons given to :meth:`not_checked`, never a
+        pass."""
+        if self.context is not None:
+            self.context.checked += 1
+
+    def not_checked(self, reason: str) -> None:
+        """Record why this example had nothing to check (the contract then returns)."""
+        if self.context is not None:
+            self.context.unchecked.setdefault(reason, None)
+
+    def backward_ran(self, execution: Execution) -> bool:
+        """Whether ``execution`` called backward; if not, records why (:meth:`not_checked`) for
+        the contracts that inspect backward, which then return."""
+        if execution.recorder.calls:
+            return True
+        self.not_checked(why_no_backward(execution))
+        return False
+
     def draw_case(self, data: st.DataObject, **kwargs: Any) -> Case:
         """Draw a case on this target's device (labelled ``case`` in Hypothesis reports)."""
         kwargs.setdefault("dtypes", self.dtypes())
@@ -164,6 +188,7 @@ class Target:
         property_ = self._property(check)
         if self.replay_draws is not None:
             property_(ReplayData(self.replay_draws))
+            self._require_checked()
             return
         run_settings = self.options.hypothesis_settings()
         if max_examples is not None and self.options.max_examples is None:
@@ -182,7 +207,23 @@ class Target:
             if expected is not None:
                 pytest.xfail(f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}")
             raise
+        self._require_checked()
         self._note_unmet_expectations()
+
+    def _require_checked(self) -> None:
+        """No vacuous passes: when no example checked the property, skip as n/a with the reasons
+        the contract gave; a contract that gave none has a bug, which fails loudly."""
+        __tracebackhide__ = True
+        assert self.context is not None
+        if self.context.checked:
+            return
+        if not self.context.unchecked:
+            pytest.fail(
+                f"[{self.contract}] no example checked anything and the contract gave no reason: a bug in "
+                f"autograd-conformance, not in {self.spec.fn.__qualname__}",
+                pytrace=False,
+            )
+        self.not_applicable("nothing to check: " + "; ".join(self.context.unchecked))
 
     def _expected_in(self, dtype: torch.dtype | None) -> Expectation | None:
         name = str(dtype).removeprefix("torch.")
@@ -210,7 +251,10 @@ class Target:
             recorder = DrawRecorder(data)
             self.last_draws = recorder.draws
             try:
-                check(self, recorder)  # type: ignore[arg-type]
+                # Whatever torch's global state is when the example starts (a spec module may
+                # have turned grad mode off at import), it runs under the pinned defaults.
+                with pinned_global_state():
+                    check(self, recorder)  # type: ignore[arg-type]
             except (ContractFailure, Blocked, HypothesisException, ReplayMismatch):
                 raise
             except ForwardError as error:

@@ -14,7 +14,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 import torch
@@ -112,7 +112,11 @@ class Tensor:
     ``shape``: symbolic dims, e.g. ``"*batch n d"``; ``requires_grad=False`` for a tensor that
     never requires grad; ``domain``: ``"real"``, ``"positive"``, ``"nonzero"`` (bounded away
     from zero), ``"unit"`` (open 0..1) or a ``(low, high)`` interval; ``broadcastable=True``
-    lets the suite drop leading dims and set dims to 1 (numpy broadcasting against the others).
+    lets the suite drop leading dims and set dims to 1 (numpy broadcasting against the others);
+    ``kinks``: values where the op is not differentiable elementwise (``clamp``'s bounds, a
+    threshold), as numbers or names of Scalar inputs (``"-name"`` for minus its value): the
+    finite-difference contracts keep every element well away from them, as they keep the
+    elements of a tensor apart from each other (ties of ``max``/``sort``) for every spec.
     """
 
     name: str
@@ -120,6 +124,7 @@ class Tensor:
     requires_grad: bool = True
     domain: Domain = "real"
     broadcastable: bool = False
+    kinks: tuple[float | str, ...] = ()
 
     kind = "tensor"
 
@@ -386,6 +391,7 @@ def _build_spec(
             raise fail(f"{where}.shape", f"malformed shape string: {error}") from None
         if isinstance(spec_input, Tensor):
             _check_domain(spec_input.domain, fail, f"{where}.domain")
+            _check_kinks(spec_input.kinks, inputs, fail, f"{where}.kinks")
             if not isinstance(spec_input.requires_grad, bool):
                 raise fail(f"{where}.requires_grad", f"must be True or False, got {spec_input.requires_grad!r}")
         if isinstance(spec_input, Index):
@@ -394,6 +400,8 @@ def _build_spec(
             ):
                 raise fail(f"{where}.high", f"{spec_input.high!r} must be a dim name or a positive int")
         del parsed
+
+    inputs = tuple(replace(i, kinks=tuple(i.kinks)) if isinstance(i, Tensor) else i for i in inputs)
 
     if not callable(reference):
         raise fail("reference", f"{reference!r} is not callable")
@@ -506,6 +514,26 @@ def _check_domain(domain: Any, fail: Callable[[str, str], SpecError], where: str
     ):
         return
     raise fail(where, f"unknown domain {domain!r}; use one of {DOMAINS} or a finite (low, high) tuple with low < high")
+
+
+def _check_kinks(kinks: Any, inputs: Sequence[Any], fail: Callable[[str, str], SpecError], where: str) -> None:
+    if isinstance(kinks, (str, bytes)) or not isinstance(kinks, (tuple, list)):
+        raise fail(where, f"must be a tuple of kink locations (numbers, or names of Scalar inputs), got {kinks!r}")
+    scalars = {i.name: i for i in inputs if isinstance(i, Scalar)}
+    for kink in kinks:
+        if isinstance(kink, str):
+            name = kink.removeprefix("-")
+            if name not in scalars:
+                raise fail(where, f"{kink!r} names no Scalar input (Scalar inputs: {sorted(scalars)})")
+            value = scalars[name].value
+            if not is_strategy(value) and not _is_real(value):
+                raise fail(where, f"{kink!r} refers to Scalar {name!r} = {value!r}, which is not a finite number")
+        elif not _is_real(kink):
+            raise fail(where, f"kink {kink!r} is not a finite number or the name of a Scalar input")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_strategy(value: Any) -> bool:

@@ -46,6 +46,7 @@ def check_determinism(target: Target, data: st.DataObject) -> None:
         fail(f"gradients for {sorted(second.grads)} on the second call, but for {sorted(first.grads)} on the first")
     for name in first.grads:
         _compare(first.grads[name], second.grads[name], f"grad[{name!r}]", f"{fn_name}.backward", exact)
+    target.checked()  # every output (and gradient) of both calls compared
 
 
 def _compare(a: Any, b: Any, what: str, where: str, exact: bool) -> None:

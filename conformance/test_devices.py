@@ -114,6 +114,7 @@ def check_devices(target: Target, data: st.DataObject) -> None:
         if got is not None and want is not None:
             expected64 = reference[1].get(name) if reference else None
             _compare(spec, got, want, f"grad[{name!r}]", f"{fn_name}.backward", lambda c, e=expected64: budget(c, e, "grad"))
+    target.checked()
 
 
 def _check_placement(execution: Execution, fn_name: str) -> None:

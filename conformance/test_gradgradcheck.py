@@ -30,7 +30,7 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import NONDET_TOL, fixed_rng, function_of_tensors, preflight
+from conformance.harness import FD_EPS, FD_SPACING, NONDET_TOL, fixed_rng, function_of_tensors, preflight
 from conformance.probe import Recorder, probe
 from conformance.report import fail
 from conformance.runner import Target
@@ -82,12 +82,13 @@ def _first_grads(
 def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     # "Must raise" needs no numerics: without float64 it runs in the spec's first dtype.
     dtype = torch.float64 if torch.float64 in target.dtypes() else target.dtypes()[0]
-    case = target.draw_case(data, dtypes=(dtype,), max_elements=MAX_ELEMENTS)
+    # Finite differences of backward: elements apart from each other and from declared kinks.
+    spacing = FD_SPACING if target.spec.double_backward else 0.0
+    case = target.draw_case(data, dtypes=(dtype,), max_elements=MAX_ELEMENTS, spacing=spacing)
     args = case.args(dtype=dtype)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not wrt_positions:
+    if not target.backward_ran(preflight(target.contract, case, dtype=dtype)):
         return
-    preflight(target.contract, case, dtype=dtype)
     names = [case.recipes[i].name for i in wrt_positions]
     call = function_of_tensors(case, args, wrt_positions)
     wrt = tuple(args[i] for i in wrt_positions)
@@ -102,8 +103,6 @@ def _check_twice_differentiable(
 ) -> None:
     wrt = tuple(args[i] for i in wrt_positions)
     outputs = _diff_outputs(call(*wrt))
-    if not outputs:
-        return
     grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
     numel = sum(t.numel() for t in wrt) + sum(g.numel() for g in grad_outputs)
     fast = numel > FAST_MODE_ELEMENTS
@@ -114,7 +113,7 @@ def _check_twice_differentiable(
     with fixed_rng(zlib.crc32(repr((case.grad_seed, names)).encode()), case.device):
         try:
             torch.autograd.gradgradcheck(
-                call, wrt, grad_outputs, atol=atol, rtol=rtol, fast_mode=fast,
+                call, wrt, grad_outputs, eps=FD_EPS, atol=atol, rtol=rtol, fast_mode=fast,
                 # Undefined (None) grad_outputs are the undefined_grads contract's business.
                 check_undefined_grad=False,
                 nondet_tol=NONDET_TOL if target.spec.nondeterministic else 0.0,
@@ -126,6 +125,7 @@ def _check_twice_differentiable(
                 fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
             raise
         else:
+            target.checked()
             return
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
@@ -201,9 +201,7 @@ def _same_data(saved: torch.Tensor, arg: Any) -> bool:
 def _check_refuses_double_backward(
     target: Target, case: Case, call: Any, wrt: tuple[torch.Tensor, ...], names: list[str]
 ) -> None:
-    grad_outputs, grads = _first_grads(call, case, wrt)
-    if not grad_outputs:
-        return
+    _, grads = _first_grads(call, case, wrt)
     for name, grad in zip(names, grads):
         # An identically zero gradient is trivially right to every order.
         if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):
@@ -216,6 +214,10 @@ def _check_refuses_double_backward(
             )
     attached = [g for g in grads if g is not None and g.requires_grad]
     if not attached:
+        target.not_checked(
+            "every first-order gradient is None or identically zero without a graph (a constant gradient "
+            "is right to every order), so there is no double backward to refuse"
+        )
         return
     # .backward() (not autograd.grad(..., inputs=...)): through a @once_differentiable backward
     # only a pass that reaches every leaf raises; autograd.grad prunes the error node and
@@ -224,6 +226,7 @@ def _check_refuses_double_backward(
     try:
         torch.autograd.backward(attached, weights)
     except RuntimeError:
+        target.checked()
         return  # refused, as declared
     verdict = _gradgradcheck_verdict(call, case, wrt)
     fail(

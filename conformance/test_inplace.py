@@ -121,6 +121,7 @@ def check_inplace(target: Target, data: st.DataObject) -> None:
         _check_once(target, case)
     if target.context is not None:
         target.context.case = drawn
+    target.checked()  # forward's inputs and outputs were checked on every layout, at least
 
 
 def _check_once(target: Target, case: Case) -> None:

@@ -26,7 +26,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.defects import Blocked, Defect, require_sound
-from conformance.harness import Execution, execute, fixed_rng
+from conformance.harness import Execution, execute, fixed_rng, why_no_backward
 from conformance.report import ContractFailure, describe_value, fail
 from conformance.runner import Target
 from strategies.cases import Case
@@ -98,13 +98,14 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
     everything = frozenset(i.name for i in target.spec.differentiable_inputs)
     full = _run(drawn, everything)
     require_sound(target.contract, full)
-    if not full.recorder.calls:
-        return  # no differentiable output reached backward: nothing to check
-    full_raw = full.recorder.last.raw or ()
+    if everything and not target.backward_ran(full):
+        return  # no differentiable output reached backward: nothing to compare with
+    full_raw = (full.recorder.last.raw or ()) if full.recorder.calls else ()
     # Clone: a later run must not be able to change the baseline.
     expected: dict[str, Any] = {
         r.name: g.detach().clone() if isinstance(g, torch.Tensor) else g for r, g in zip(drawn.recipes, full_raw)
     }
+    checked = False
     for subset in _subsets(drawn):
         case = replace(drawn, requires_grad=subset)
         if target.context is not None:
@@ -117,9 +118,27 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
                 _check_subset(target, case, expected, execution, efficiency=False)
             except ContractFailure as failure:
                 raise Blocked(Defect("needs_input_grad", failure.summary), case) from None
-        _check_subset(target, case, expected, execution, efficiency=efficiency)
+        checked = _check_subset(target, case, expected, execution, efficiency=efficiency) or checked
     if target.context is not None:
         target.context.case = drawn
+    if checked:
+        target.checked()
+    elif efficiency:
+        target.not_checked(
+            "no requires_grad subset left a differentiable input without a gradient while backward ran "
+            f"({_differentiable_text(target)}), so no gradient can be unneeded"
+        )
+    else:
+        target.not_checked(why_no_backward(full))
+
+
+def _differentiable_text(target: Target) -> str:
+    names = [i.name for i in target.spec.differentiable_inputs]
+    if not names:
+        return f"{target.spec.name!r} declares no differentiable input"
+    if len(names) == 1:
+        return f"{names[0]!r} is the only differentiable input: backward runs only when it needs its gradient"
+    return f"differentiable inputs: {names}"
 
 
 def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
@@ -128,14 +147,16 @@ def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
 
 def _check_subset(
     target: Target, case: Case, expected: dict[str, Any], execution: Execution, *, efficiency: bool
-) -> None:
+) -> bool:
+    """Check one subset's run; False when it had nothing to check."""
     if not case.requires_grad:
-        if not efficiency:
-            _check_no_grad_forward(target, case, execution)
-        return
+        if efficiency:
+            return False  # backward does not run: no gradient at all
+        _check_no_grad_forward(target, case, execution)
+        return True
     require_sound(target.contract, execution)
     if not execution.recorder.calls:
-        return  # no differentiable output reached: nothing to check
+        return False  # no differentiable output reached: nothing to check
     call = execution.recorder.last
     assert call.raw is not None  # require_sound: backward returned
     fn_name = target.spec.fn.__qualname__
@@ -143,12 +164,14 @@ def _check_subset(
     needs = call.needs_input_grad
     returned = ", ".join(describe_value(v) for v in call.raw)
     requiring = sorted(case.requires_grad)
+    unneeded = False  # efficiency: a differentiable input whose gradient this call did not need
     for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
         if recipe.kind != "tensor":
             continue  # gradients for non-tensor inputs are return_count's finding
         needed = position < len(needs) and needs[position]
         where = f"{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}"
         if efficiency:
+            unneeded = unneeded or (not needed and recipe.name in declared)
             if not needed and grad is not None and recipe.name in declared:
                 fail(
                     f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
@@ -176,7 +199,7 @@ def _check_subset(
                 "needs_input_grad is read at the wrong index.",
             )
     if efficiency:
-        return
+        return unneeded
     for recipe, grad in zip(case.recipes, call.raw):
         want = expected.get(recipe.name)
         if recipe.kind != "tensor" or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
@@ -196,6 +219,7 @@ def _check_subset(
                 "The same inputs and grad_outputs must give the same gradient whatever else requires grad.",
                 str(error),
             )
+    return True
 
 
 def test_needs_input_grad(conformance_target: Target) -> None:

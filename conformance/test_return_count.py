@@ -1,6 +1,7 @@
 """Contract return_count: backward returns one entry per forward input, None for non-tensors.
 
-Trailing extra Nones are tolerated (the engine tolerates them too); anything else is a defect
+Forward's own return value is checked first: a list, dict, None or number holds no tensor
+autograd tracks (:func:`conformance.defects.forward_defect`). Trailing extra Nones are tolerated (the engine tolerates them too); anything else is a defect
 the engine would report as an opaque "incorrect number of gradients" or let through. The checks
 live in :func:`conformance.defects.structural_defects`, shared with every contract that must
 stop ("blocked by return_count") when the count is wrong.
@@ -25,8 +26,11 @@ def check_return_count(target: Target, data: st.DataObject) -> None:
         if own:
             fail(own[0].summary, *own[0].details)
         if defects:
+            target.checked()
             return  # the count is right; the gradients' metadata is grad_meta's finding
-    require_sound(target.contract, execution)
+    require_sound(target.contract, execution)  # also forward's return value (forward_defect)
+    if target.backward_ran(execution):
+        target.checked()
 
 
 def test_return_count(conformance_target: Target) -> None:

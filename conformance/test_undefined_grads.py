@@ -19,7 +19,17 @@ import itertools
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import as_tuple, differentiable_positions, fixed_rng, forward_args, preflight
+from conformance.defects import require_sound
+from conformance.harness import (
+    as_tuple,
+    differentiable_positions,
+    execute,
+    fixed_rng,
+    forward_args,
+    preflight,
+    random_state,
+    why_no_backward,
+)
 from conformance.probe import BackwardCall, probe
 from conformance.report import describe_value, fail
 from conformance.runner import Target
@@ -33,14 +43,6 @@ RELATIVE_TOLERANCE = {
     torch.float16: 1e-2,
     torch.bfloat16: 5e-2,
 }
-
-
-class _Applicability:
-    """Whether any example had more than one tensor output (else the test is skipped)."""
-
-    def __init__(self) -> None:
-        self.checked = 0
-        self.outputs_seen: set[int] = set()
 
 
 def _used_subsets(positions: list[int], n_tensor_outputs: int) -> list[tuple[int, ...]]:
@@ -79,21 +81,27 @@ def _grads(
     return grads, recorder.calls[-1] if recorder.calls else None, None
 
 
-def check_undefined_grads(target: Target, data: st.DataObject, seen: _Applicability) -> None:
+def check_undefined_grads(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
     fn_name = target.spec.fn.__qualname__
-    probed, _ = probe(target.spec.fn)
-    args = case.args()
-    outputs = as_tuple(probed.apply(*forward_args(case, args)))
+    with random_state(target.spec, case):
+        execution = execute(case, backward=False)
+    require_sound(target.contract, execution)  # forward's return value; see defects.py
+    outputs = execution.outputs
     n_tensor_outputs = sum(isinstance(o, torch.Tensor) for o in outputs)
-    seen.outputs_seen.add(n_tensor_outputs)
     subsets = _used_subsets(differentiable_positions(outputs), n_tensor_outputs)
     if not subsets:
-        return  # one output, or nothing reaches backward: no grad_output can be undefined
+        if n_tensor_outputs <= 1:
+            target.not_checked(
+                f"{target.spec.name!r} has a single output: an unused sole output means backward is never "
+                "called, so no grad_output can be undefined"
+            )
+        else:
+            target.not_checked(why_no_backward(execution))
+        return
     preflight(target.contract, case)  # a structural defect blocks this contract; see defects.py
-    seen.checked += 1
-    wrt_names = [r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    del args
+    wrt_names = execution.wrt_names
+    del execution
     for used in subsets:
         unused = [p for p in range(len(outputs)) if isinstance(outputs[p], torch.Tensor) and p not in used]
         where = f"{fn_name}.backward, outputs used: {list(used)}, unused: {unused}"
@@ -114,7 +122,11 @@ def check_undefined_grads(target: Target, data: st.DataObject, seen: _Applicabil
             )
         expected, _, expected_error = _grads(case, used, zeros_for_unused=True)
         if expected_error is not None:
-            return  # backward fails even with every output used: the other contracts' finding
+            fail(
+                f"backward raised {type(expected_error).__name__} with zero grad_outputs for "
+                f"{unused_text}, but should return gradients [{where}]",
+                f"{type(expected_error).__name__}: {expected_error}",
+            )
         for name, got, want in zip(wrt_names, grads, expected):
             if want is None:
                 continue
@@ -136,17 +148,8 @@ def check_undefined_grads(target: Target, data: st.DataObject, seen: _Applicabil
                     "zeros as its grad_output.",
                     str(mismatch),
                 )
+    target.checked()
 
 
 def test_undefined_grads(conformance_target: Target) -> None:
-    seen = _Applicability()
-
-    def check(target: Target, data: st.DataObject) -> None:
-        check_undefined_grads(target, data, seen)
-
-    conformance_target.run(check)
-    if not seen.checked and seen.outputs_seen and max(seen.outputs_seen) <= 1:
-        conformance_target.not_applicable(
-            f"{conformance_target.spec.name!r} has a single output: an unused sole output means backward is "
-            "never called, so no grad_output can be undefined"
-        )
+    conformance_target.run(check_undefined_grads)

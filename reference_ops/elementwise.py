@@ -189,7 +189,8 @@ class ClippedReLU(torch.autograd.Function):
 register(
     ClippedReLU,
     name="clipped_relu",
-    inputs=[Tensor("x", "*batch n", domain="nonzero"), Scalar("clip", 1.0)],
+    # Kinks at 0 (kept away by the nonzero domain) and at the clip value.
+    inputs=[Tensor("x", "*batch n", domain="nonzero", kinks=("clip",)), Scalar("clip", 1.0)],
     reference=lambda x, clip: torch.clamp(x, min=0.0, max=clip),
     dtypes=ALL_FLOATS,
 )
@@ -215,7 +216,7 @@ class SoftThreshold(torch.autograd.Function):
 register(
     SoftThreshold,
     name="soft_threshold",
-    inputs=[Tensor("x", "*batch n", domain="nonzero"), Scalar("threshold", 0.5)],
+    inputs=[Tensor("x", "*batch n", domain="nonzero", kinks=("threshold", "-threshold")), Scalar("threshold", 0.5)],
     reference=lambda x, threshold: torch.sign(x) * torch.relu(x.abs() - threshold),
     dtypes=ALL_FLOATS,
 )

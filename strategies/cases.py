@@ -7,6 +7,7 @@ can print a snippet that rebuilds exactly the same inputs.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -67,6 +68,9 @@ class ArgRecipe:
     layout: str = "contiguous"
     density: float = 0.7
     pattern: str = "random"
+    # Finite differences: elements at least ``spacing`` apart and from ``kinks`` (see spread()).
+    spacing: float = 0.0
+    kinks: tuple[float, ...] = ()
 
     def build(self, dtype: torch.dtype, device: str) -> Any:
         if self.kind == "scalar":
@@ -78,6 +82,7 @@ class ArgRecipe:
         tensor = tensor_from_seed(
             self.shape, dtype, seed=self.seed, domain=self.domain, scale=self.scale,
             device=device, constant_rows=self.constant_rows, pattern=self.pattern,
+            spacing=self.spacing, kinks=self.kinks,
         )
         return apply_layout(tensor, self.layout)
 
@@ -93,6 +98,8 @@ class ArgRecipe:
         extra = ", constant_rows=True" if self.constant_rows else ""
         if self.pattern != "random":
             extra += f", pattern={self.pattern!r}"
+        if self.spacing:
+            extra += f", spacing={self.spacing!r}" + (f", kinks={self.kinks!r}" if self.kinks else "")
         text = (
             f"tensor_from_seed({self.shape!r}, {dtype}, seed={self.seed}, domain={self.domain!r}, "
             f"scale={self.scale!r}, device={device!r}{extra})"
@@ -337,6 +344,21 @@ class Case:
         return "\n".join(lines)
 
 
+def _resolve_kinks(spec_input: Any, scalars: dict[str, Any]) -> tuple[float, ...]:
+    """A Tensor input's declared kinks as numbers: Scalar names (``"-name"``: minus it) replaced
+    by this call's values (the spec validated the names; a drawn non-number is an error)."""
+    resolved = []
+    for kink in getattr(spec_input, "kinks", ()):
+        if isinstance(kink, str):
+            value = scalars[kink.removeprefix("-")]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidArgument(f"kink {kink!r} of {spec_input.name!r}: the Scalar's value {value!r} is not a finite number")
+            resolved.append(-float(value) if kink.startswith("-") else float(value))
+        else:
+            resolved.append(float(kink))
+    return tuple(resolved)
+
+
 def shape_of(spec_input: Any, sizes: dict[str, int], batches: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
     """The concrete shape of a Tensor/Mask/Index spec input under drawn sizes."""
     parsed = spec_input.parsed
@@ -405,6 +427,7 @@ def cases(
     value_patterns: Sequence[str] = ("random",),
     max_batch_dims: int = 2,
     unique_dims: bool = False,
+    spacing: float = 0.0,
 ) -> Case:
     """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
 
@@ -426,6 +449,9 @@ def cases(
     ``real``-domain inputs only, others fall back to ``random``).
     max_batch_dims: ``*batch`` groups expand to 0..max_batch_dims dims.
     unique_dims: dims with different names get different sizes.
+    spacing: for finite differences (gradcheck): every tensor input's elements at least this far
+    apart and from the kinks its spec declares (:func:`strategies.values.spread`); ignores
+    ``constant_rows`` and ``value_patterns``, which make ties on purpose.
     Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1;
     a failure that needs a size past a block boundary shrinks to the smallest such size.
     Example: ``cases(spec, device="cpu").example()``.
@@ -482,12 +508,12 @@ def cases(
             if broadcast and spec_input.broadcastable:  # type: ignore[union-attr]
                 shape = draw(broadcast_forms(shape), label=f"{spec_input.name} broadcast shape")
             scale = draw(magnitudes(dtype=dtype, extreme=extreme), label=f"{spec_input.name} scale")
-            constant = constant_rows and draw(st.booleans(), label=f"{spec_input.name} constant rows")
+            constant = constant_rows and not spacing and draw(st.booleans(), label=f"{spec_input.name} constant rows")
             layout = draw(st.sampled_from(tuple(layouts)), label=f"{spec_input.name} layout")
             # Only constant rows can be stored stride-0 with the same values.
             constant = constant or layout == "expanded"
             pattern = "random"
-            if tuple(value_patterns) != ("random",):
+            if tuple(value_patterns) != ("random",) and not spacing:
                 pattern = draw(st.sampled_from(tuple(value_patterns)), label=f"{spec_input.name} pattern")
                 if pattern == "near_zero" and spec_input.domain != "real":  # type: ignore[union-attr]
                     pattern = "random"
@@ -497,6 +523,14 @@ def cases(
                     scale=scale, constant_rows=constant, layout=layout, pattern=pattern,
                 )
             )
+
+    if spacing:
+        scalars = {r.name: r.value for r in recipes if r.kind == "scalar"}
+        kinks = {i.name: _resolve_kinks(i, scalars) for i in spec.tensor_inputs}
+        recipes = [
+            replace(r, spacing=float(spacing), kinks=kinks[r.name]) if r.kind == "tensor" and r.layout != "expanded" else r
+            for r in recipes
+        ]
 
     differentiable = [i.name for i in spec.differentiable_inputs]
     if requires_grad == "all" or not differentiable:

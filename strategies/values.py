@@ -2,11 +2,14 @@
 
 Torch's own RNG is never used un-seeded: every tensor is generated on the CPU from a
 ``torch.Generator`` seeded by a Hypothesis draw, then cast and moved, so the same Hypothesis
-seed gives bit-identical tensors on every run, worker and device.
+seed gives bit-identical tensors on every run, worker and device. Every tensor built here names
+its dtype and device: torch's defaults (``torch.set_default_dtype``/``set_default_device``, which
+a spec module may change) never shape a generated value.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Union
@@ -28,6 +31,7 @@ __all__ = [
     "mask_densities",
     "mask_from_seed",
     "masks",
+    "spread",
     "tensor_from_seed",
     "tensors",
     "value_seeds",
@@ -93,6 +97,8 @@ def tensor_from_seed(
     device: str | torch.device = "cpu",
     constant_rows: bool = False,
     pattern: str = "random",
+    spacing: float = 0.0,
+    kinks: Sequence[float] = (),
 ) -> torch.Tensor:
     """A tensor of ``shape`` whose values depend only on the arguments (never on global RNG).
 
@@ -101,23 +107,29 @@ def tensor_from_seed(
     ``(low, high)``: the inner 90% of the interval. ``constant_rows`` repeats the first element of
     each last-dim row along it (ties, zero variance). ``pattern``: ``random``; ``ties`` (values
     rounded to a few levels, so many elements are exactly equal); ``near_zero`` (``real`` domain
-    only: about a third exact zeros and a third within ±1e-3 * scale). Use it to rebuild any
-    drawn input in a repro.
+    only: about a third exact zeros and a third within ±1e-3 * scale). ``spacing > 0`` (for
+    finite differences, see :func:`spread`): no two elements closer than ``spacing``, none
+    closer than ``spacing`` to a ``kinks`` location. Use it to rebuild any drawn input in a repro.
     """
     _check_domain(domain)
     if pattern not in VALUE_PATTERNS:
         raise InvalidArgument(f"pattern={pattern!r} must be one of {VALUE_PATTERNS}")
     if pattern == "near_zero" and domain != "real":
         raise InvalidArgument(f"pattern='near_zero' needs domain='real', got domain={domain!r}")
-    generator = torch.Generator().manual_seed(int(seed))
+    if not (isinstance(spacing, (int, float)) and math.isfinite(spacing) and spacing >= 0):
+        raise InvalidArgument(f"spacing={spacing!r} must be a finite number >= 0")
+    if spacing and (constant_rows or pattern != "random"):
+        raise InvalidArgument("spacing > 0 keeps values apart; it cannot be combined with constant_rows or a ties/near_zero pattern")
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
     shape = tuple(int(s) for s in shape)
-    uniform = torch.rand(shape, generator=generator, dtype=torch.float64)
+    uniform = torch.rand(shape, generator=generator, dtype=torch.float64, device="cpu")
     if domain == "real":
-        values = torch.randn(shape, generator=generator, dtype=torch.float64) * scale
+        values = torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * scale
     elif domain == "positive":
         values = (0.25 + 1.75 * uniform) * scale
     elif domain == "nonzero":
-        sign = torch.where(torch.rand(shape, generator=generator, dtype=torch.float64) < 0.5, -1.0, 1.0)
+        flip = torch.rand(shape, generator=generator, dtype=torch.float64, device="cpu") < 0.5
+        sign = 1.0 - 2.0 * flip.to(torch.float64)
         values = sign * (0.25 + 1.75 * uniform) * scale
     elif domain == "unit":
         values = 0.05 + 0.9 * uniform
@@ -136,11 +148,91 @@ def tensor_from_seed(
                 levels = torch.where(levels.abs() < 0.25, torch.sign(values) * 0.5, levels)
             values = levels * scale
     elif pattern == "near_zero":
-        which = torch.randint(0, 3, shape, generator=generator)
+        which = torch.randint(0, 3, shape, generator=generator, dtype=torch.int64, device="cpu")
         values = torch.where(which == 0, torch.zeros_like(values), torch.where(which == 1, values * 1e-3, values))
     if constant_rows and values.ndim >= 1 and values.shape[-1] > 0:
         values = values[..., :1].expand(shape).clone()
+    if spacing:
+        values = spread(values, spacing, kinks=kinks, bounds=_drawn_bounds(domain, scale))
     return values.to(dtype=dtype).to(device)
+
+
+def _drawn_bounds(domain: Domain, scale: float) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """(low, high, gaps): where ``tensor_from_seed`` puts values of ``domain``, as bounds that
+    :func:`spread` keeps (``nonzero`` has a gap around 0)."""
+    if domain == "real":
+        return -math.inf, math.inf, ()
+    if domain == "positive":
+        return 0.25 * scale, math.inf, ()
+    if domain == "nonzero":
+        return -math.inf, math.inf, ((-0.25 * scale, 0.25 * scale),)
+    if domain == "unit":
+        return 0.05, 0.95, ()
+    low, high = float(domain[0]), float(domain[1])  # type: ignore[index]
+    return low + 0.05 * (high - low), low + 0.95 * (high - low), ()
+
+
+def _push_up(values: torch.Tensor, spacing: float, low: float) -> torch.Tensor:
+    """Sorted ``values`` moved up as little as possible so that each is >= ``low`` and at least
+    ``spacing`` above the one before: y[i] = i*d + cummax(x[j] - j*d), with y[0] >= low."""
+    steps = torch.arange(values.numel(), dtype=torch.float64, device="cpu") * spacing
+    shifted = values - steps
+    shifted[0] = max(float(shifted[0]), low)
+    return torch.cummax(shifted, dim=0).values + steps
+
+
+def spread(
+    values: torch.Tensor,
+    spacing: float,
+    *,
+    kinks: Sequence[float] = (),
+    bounds: tuple[float, float, tuple[tuple[float, float], ...]] = (-math.inf, math.inf, ()),
+) -> torch.Tensor:
+    """``values`` (float64) moved as little as possible, keeping their order, so that no two are
+    closer than ``spacing`` and none is closer than ``spacing`` to a kink.
+
+    Why: ``gradcheck`` compares the analytical gradient with central differences of step
+    1e-6. Two elements closer than that (a near-tie of ``max``/``sort``) or an element that close
+    to a kink (``clamp``'s bounds) put the difference across the kink, where no gradient is
+    right: a false failure of a correct Function. ``bounds`` = (low, high, gaps) are where the
+    values must stay (the domain). Values are split at the kinks and gaps into segments, and
+    each segment's sorted values are pushed up from its lower end, then down from its upper end.
+    A segment too short for its values (a narrow interval domain) gets them evenly spaced, as
+    far apart as it allows.
+    """
+    low, high, domain_gaps = bounds
+    gaps = sorted([*domain_gaps, *((float(k) - spacing, float(k) + spacing) for k in kinks)])
+    edges: list[tuple[float, float]] = []
+    start = low
+    for gap_low, gap_high in gaps:
+        if gap_high <= start or gap_low >= high:
+            continue
+        if gap_low > start:
+            edges.append((start, gap_low))
+        start = max(start, gap_high)
+    if start < high:
+        edges.append((start, high))
+    if not edges or values.numel() == 0:
+        return values
+    flat = values.reshape(-1).clone()
+    # Each value goes to the segment it lies in or, inside a gap, to the nearest segment.
+    lows = torch.tensor([a for a, _ in edges], dtype=torch.float64, device="cpu").unsqueeze(1)
+    highs = torch.tensor([b for _, b in edges], dtype=torch.float64, device="cpu").unsqueeze(1)
+    distance = (lows - flat).clamp(min=0) + (flat - highs).clamp(min=0)
+    segment = distance.argmin(dim=0)
+    for index, (a, b) in enumerate(edges):
+        members = (segment == index).nonzero().reshape(-1)
+        if members.numel() == 0:
+            continue
+        order = members[torch.argsort(flat[members], stable=True)]
+        count = order.numel()
+        if (count - 1) * spacing > b - a:  # cannot fit: as evenly as the segment allows
+            flat[order] = a + (b - a) * (torch.arange(count, dtype=torch.float64, device="cpu") + 0.5) / count
+            continue
+        up = _push_up(flat[order], spacing, a)
+        down = -_push_up(-up.flip(0), spacing, -b).flip(0)
+        flat[order] = down
+    return flat.reshape(values.shape)
 
 
 def mask_from_seed(
@@ -161,20 +253,21 @@ def mask_from_seed(
         raise InvalidArgument(f"kind={kind!r} must be one of {MASK_KINDS}")
     if not 0.0 <= density <= 1.0:
         raise InvalidArgument(f"density={density!r} must be in [0, 1]")
-    generator = torch.Generator().manual_seed(int(seed))
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
     shape = tuple(int(s) for s in shape)
     if kind == "all_true" or len(shape) == 0:
-        mask = torch.ones(shape, dtype=torch.bool)
+        mask = torch.ones(shape, dtype=torch.bool, device="cpu")
     elif kind == "causal":
         rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1])
-        tri = torch.ones(rows, cols, dtype=torch.bool).tril(diagonal=max(cols - rows, 0))
+        tri = torch.ones(rows, cols, dtype=torch.bool, device="cpu").tril(diagonal=max(cols - rows, 0))
         mask = tri.expand(shape).clone() if len(shape) >= 2 else tri[0].clone()
     elif kind == "padding":
         cols = shape[-1]
-        lengths = torch.randint(1, max(cols, 1) + 1, shape[:-1], generator=generator)
-        mask = torch.arange(cols) < lengths.unsqueeze(-1)
+        lengths = torch.randint(1, max(cols, 1) + 1, shape[:-1], generator=generator, dtype=torch.int64, device="cpu")
+        mask = torch.arange(cols, dtype=torch.int64, device="cpu") < lengths.unsqueeze(-1)
     else:
-        mask = torch.rand(shape, generator=generator) < density
+        # float32 named, never the default dtype: a spec module that sets float64 must not change masks.
+        mask = torch.rand(shape, generator=generator, dtype=torch.float32, device="cpu") < density
         if kind == "masked_rows" and len(shape) >= 1:
             if len(shape) >= 2:
                 mask[..., 0, :] = False
@@ -189,8 +282,8 @@ def index_from_seed(
     """An int64 tensor of ``shape`` with values uniform in ``[0, high)``."""
     if high < 1:
         raise InvalidArgument(f"high={high!r} must be >= 1")
-    generator = torch.Generator().manual_seed(int(seed))
-    return torch.randint(0, int(high), tuple(shape), generator=generator).to(device)
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randint(0, int(high), tuple(shape), generator=generator, dtype=torch.int64, device="cpu").to(device)
 
 
 GRAD_OUTPUT_KINDS = ("random", "zeros", "scaled", "per_row", "noncontiguous", "expanded")
@@ -220,8 +313,8 @@ def grad_output_from_seed(
         return torch.full((), scale, dtype=dtype, device=device).expand(shape)
     values = tensor_from_seed(shape, torch.float64, seed=seed, scale=scale)
     if kind == "per_row" and values.ndim >= 1 and shape[0] > 0:
-        generator = torch.Generator().manual_seed(int(seed) + 1)
-        exponents = torch.randint(-2, 3, (shape[0],), generator=generator).to(torch.float64)
+        generator = torch.Generator(device="cpu").manual_seed(int(seed) + 1)
+        exponents = torch.randint(-2, 3, (shape[0],), generator=generator, dtype=torch.int64, device="cpu").to(torch.float64)
         values = values * (10.0**exponents).reshape((-1,) + (1,) * (values.ndim - 1))
     values = values.to(dtype=dtype, device=device)
     if kind == "noncontiguous" and values.ndim >= 1:
@@ -295,7 +388,7 @@ def additive_mask_from_seed(
     if not dtype.is_floating_point:
         raise InvalidArgument(f"dtype={dtype!r} must be a floating-point dtype")
     keep = mask_from_seed(shape, seed=seed, kind=kind, density=density)
-    zeros = torch.zeros(keep.shape, dtype=dtype)
+    zeros = torch.zeros(keep.shape, dtype=dtype, device="cpu")
     return zeros.masked_fill(~keep, float("-inf")).to(device)
 
 

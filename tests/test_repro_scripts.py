@@ -32,11 +32,13 @@ ZOO_RUNS = {
         "derivative_layout_determinism_bugs.py", (), (*DERIVATIVE_BEHAVIOUR, "gradcheck"), 10,
     ),
     "grad_and_memory_bugs": ("grad_and_memory_bugs.py", (), (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
+    "global_state_bugs": ("global_state_bugs.py", (), ("global_state",), 4),
     "gradcheck_bugs": ("gradcheck_bugs.py", (), ("gradcheck",), 3),
     "numeric_bugs": ("numeric_bugs.py", (), NUMERIC, 4),
     "real_world_bugs": ("real_world_bugs.py", (), (), 8),
     "transposed_grad_output_bugs": ("transposed_grad_output_bugs.py", (), ("inplace", "reference"), 3),
     "triton_bugs": ("triton_bugs.py", ("--device=cpu",), TRITON_CONTRACTS, 4),
+    "vacuous": ("vacuous.py", (), ("return_count",), 5),
 }
 
 # Zoo bugs that are nondeterministic on purpose (unseeded noise in backward).

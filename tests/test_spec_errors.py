@@ -58,6 +58,10 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ({"tolerances": {torch.float32: {"gradient": 4}}}, "tolerances", "key 'gradient'"),
         ({"inputs": [Tensor("x", "n"), "y"]}, "inputs[1]", "is not a Tensor, Scalar, Mask or Index"),
         ({"inputs": [Tensor("x", "n"), Index("y", "n", high=0)]}, "inputs[1].high", "positive int"),
+        ({"inputs": [Tensor("x", "n", kinks=0.5), Tensor("y", "n")]}, "inputs[0].kinks", "must be a tuple of kink locations"),  # type: ignore[arg-type]
+        ({"inputs": [Tensor("x", "n", kinks=(float("nan"),)), Tensor("y", "n")]}, "inputs[0].kinks", "kink nan is not a finite number"),
+        ({"inputs": [Tensor("x", "n", kinks=(True,)), Tensor("y", "n")]}, "inputs[0].kinks", "kink True is not a finite number"),
+        ({"inputs": [Tensor("x", "n", kinks=("clip",)), Tensor("y", "n")]}, "inputs[0].kinks", "'clip' names no Scalar input"),
     ],
 )
 def test_bad_spec_names_the_field(overrides: dict[str, Any], field: str, phrase: str) -> None:
@@ -69,6 +73,30 @@ def test_bad_spec_names_the_field(overrides: dict[str, Any], field: str, phrase:
     assert error.field_name == field
     assert phrase in str(error), str(error)
     assert str(error).startswith(f"conformance spec {kwargs['name']!r}, field {field!r}: ")
+
+
+class Clip(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clip: Any) -> torch.Tensor:
+        return x.clamp(max=clip)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad_output, None
+
+
+def test_kinks_name_a_numeric_scalar() -> None:
+    """Kinks may name a Scalar input (its value in the call); a non-numeric constant is refused."""
+    with pytest.raises(SpecError, match="field 'inputs\\[0\\].kinks': '-clip' refers to Scalar 'clip' = 'max', which is not a finite number"):
+        register(Clip, name="clip_bad_kink", inputs=[Tensor("x", "n", kinks=("-clip",)), Scalar("clip", "max")], reference=lambda x, c: x)
+    register(
+        Clip, name="clip_good_kinks", reference=lambda x, c: x.clamp(max=c),
+        inputs=[Tensor("x", "n", kinks=[0.0, "clip", "-clip"]), Scalar("clip", st.floats(0.5, 2.0))],  # type: ignore[arg-type]
+    )
+    from conformance.spec import registered
+
+    spec = next(s for s in registered() if s.name == "clip_good_kinks")
+    assert spec.inputs[0].kinks == (0.0, "clip", "-clip")  # a list is kept as a tuple (hashable, frozen)
 
 
 def test_not_a_function_class() -> None:

@@ -4,6 +4,11 @@ Each collected test (one Function x one contract x one device) receives a :class
 ``target.run(check)`` wraps ``check(target, data)`` in a Hypothesis test with the run's settings
 and a seed derived from (seed option, Function, contract, device) -- never from the node id or
 the worker -- so the same seed gives the same examples and verdicts serially and under xdist.
+Every example runs under torch's pinned global state (:mod:`conformance.global_state`), so what
+ran before it (a spec module that turned grad mode off, another test) cannot change it. A pass
+is earned: the check calls :meth:`Target.checked` where it really checked its property, and a
+test none of whose examples did is skipped as n/a with the reasons given to
+:meth:`Target.not_checked`.
 """
 
 from __future__ import annotations

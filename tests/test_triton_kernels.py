@@ -22,7 +22,9 @@ from tests.conftest import ZOO
 
 TRITON_REFERENCE = ("triton_softmax", "triton_gated")
 # Contracts that skip, with a reason, for a single-output Function on a CPU-only run.
-MAY_SKIP = ("undefined_grads", "devices")
+# n/a: single-output Functions (undefined_grads), CPU ids (devices), a single differentiable
+# input, where no gradient can be unneeded (unneeded_grads).
+MAY_SKIP = ("undefined_grads", "devices", "unneeded_grads")
 BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
 
 
@@ -62,17 +64,37 @@ def test_triton_reference_ops_registered_where_they_run() -> None:
         assert spec.devices == (("cpu", "cuda") if interpreting else ("cuda",))
 
 
-def test_triton_reference_ops_pass_every_contract(conformance_run, device) -> None:  # type: ignore[no-untyped-def]
-    run = conformance_run("reference_ops.triton", f"--device={device}", max_examples=3)  # every contract
-    assert set(TRITON_REFERENCE) <= run.names()
-    for (contract, name, where), verdict in run.verdicts.items():
-        if contract in MAY_SKIP:
-            assert verdict.outcome in ("passed", "skipped"), f"{contract}[{name}-{where}]:\n{verdict.text}"
+def test_triton_reference_ops_pass_every_contract(device: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # In its own process: under pytester's in-process runs the first forward of an interpreted
+    # kernel raises "Cannot call @triton.jit'd outside of the scope of a kernel" (since the
+    # start-up plugin became lazy; not yet understood, see the issue note); a plain run passes.
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import CONFORMANCE_DIR
+
+    report = tmp_path / "triton"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(CONFORMANCE_DIR), "--impl=reference_ops.triton", f"--device={device}",
+         "--max-examples=3", "-k", "triton_", "-p", "no:cacheprovider", "-q", f"--conformance-report={report}"],
+        capture_output=True, text=True, timeout=900,
+    )
+    cells = json.loads(report.with_suffix(".json").read_text())["results"]
+    seen = set()
+    for cell in cells:
+        if cell["device"] != device or cell["function"] not in TRITON_REFERENCE:
             continue
-        assert verdict.outcome == "passed", f"{contract}[{name}-{where}]:\n{verdict.text}"
-    for name in TRITON_REFERENCE:
-        for contract in ("gradcheck", "reference", "inplace", "layouts"):
-            run.passed(contract, name, device)
+        seen.add(cell["function"])
+        where = f"{cell['contract']}[{cell['function']}-{device}]: {cell['reason']}\n{cell.get('message', '')}"
+        if cell["contract"] in MAY_SKIP:
+            assert cell["outcome"] in ("passed", "not_applicable"), where
+            if cell["contract"] == "unneeded_grads" and cell["outcome"] != "passed":
+                assert "is the only differentiable input" in cell["reason"], where
+            continue
+        assert cell["outcome"] == "passed", where
+    assert seen == set(TRITON_REFERENCE), done.stdout[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
 def test_gradient_stored_into_input_fails_inplace(triton_bugs, device) -> None:  # type: ignore[no-untyped-def]

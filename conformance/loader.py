@@ -109,5 +109,19 @@ def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
                 f"--impl={target}: importing it registered no Functions; call "
                 "conformance.register(MyFunction, inputs=[...], reference=...) at import time"
             )
-        selected.extend(s for s in found if s not in selected)
+        for spec in found:
+            _select(selected, spec)
     return selected
+
+
+def _select(selected: list[Spec], spec: Spec) -> None:
+    """Add ``spec`` unless already there. One file imported twice (``--impl=ops.py,ops``: as a path
+    and as a module) registers again from the same call site, which replaces the earlier spec in
+    the registry (see ``register``): it replaces it here too, in place, so it is tested once."""
+    for position, kept in enumerate(selected):
+        if kept is spec:
+            return
+        if kept.registered_at and kept.registered_at == spec.registered_at and kept.name == spec.name:
+            selected[position] = spec
+            return
+    selected.append(spec)

@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import platform
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,61 @@ def _cuda_findings() -> str:
     )
 
 
+# Options that take a value, with an example and what leaving them out means. Given empty on the
+# command line (`--impl=$IMPL` with IMPL unset) they would silently mean the default.
+_VALUE_OPTIONS = (
+    ("conformance_impl", "--impl", "--impl=mypkg or --impl=path/to/specs.py", f"the bundled {DEFAULT_IMPL}"),
+    ("conformance_device", "--device", "--device=cpu", "auto"),
+    ("conformance_gpus_per_worker", "--gpus-per-worker", "--gpus-per-worker=1", "1"),
+    ("conformance_max_examples", "--max-examples", "--max-examples=20", "the profile's"),
+    ("conformance_profile", "--profile", "--profile=ci", "dev"),
+    ("conformance_seed", "--seed", "--seed=0", "seed 0"),
+    ("conformance_dtypes", "--dtypes", "--dtypes=float32,bfloat16", "every dtype the spec lists"),
+    ("conformance_contracts", "--contracts", "--contracts=gradcheck,grad_meta", "every contract"),
+    ("conformance_skip_contracts", "--skip-contracts", "--skip-contracts=gradgradcheck", "none skipped"),
+    ("conformance_expectations", "--expectations", "--expectations=expectations.json", "no expectations"),
+    ("conformance_report", "--conformance-report", "--conformance-report=reports/conformance", "no report"),
+)
+
+
+def _check_no_empty_values(config: pytest.Config) -> None:
+    """An option given an empty value on the command line is a usage error, not the default."""
+    for name, flag, example, default in _VALUE_OPTIONS:
+        value = config.getoption(name, default=None)
+        if value is not None and not str(value).replace(",", " ").strip():
+            raise pytest.UsageError(
+                f"{flag} is empty ({flag}={value!r}; an unset variable?); pass e.g. {example}, "
+                f"or leave {flag} out for the default ({default})"
+            )
+
+
+def _check_report_path(config: pytest.Config) -> None:
+    """--conformance-report's folder is created and must be writable before the run, not after it."""
+    raw = _setting(config, "conformance_report")
+    if raw is None:
+        return
+    base = _resolve(config, raw)
+    problem = None
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=base.parent, prefix=".conformance-report-probe-"):
+            pass
+    except OSError as error:
+        problem = f"cannot write into {str(base.parent)!r} ({type(error).__name__}: {error})"
+    for suffix in (".json", ".md", ".html"):
+        if problem is None and Path(f"{base}{suffix}").is_dir():
+            problem = f"{str(base) + suffix!r} is a directory"
+    if problem is None and Path(f"{base}.repro").exists() and not Path(f"{base}.repro").is_dir():
+        problem = f"{str(base) + '.repro'!r} (the repro scripts' folder) is a file"
+    if problem is not None:
+        raise pytest.UsageError(
+            f"--conformance-report={raw}: {problem}; pass a path in a writable folder, "
+            "e.g. --conformance-report=reports/conformance"
+        )
+
+
 def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
+    _check_no_empty_values(config)
     profile = _setting(config, "conformance_profile") or "dev"
     if profile not in PROFILES:
         raise pytest.UsageError(f"--profile={profile!r} is not one of {', '.join(PROFILES)}; pass e.g. --profile=ci")
@@ -104,6 +159,7 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
         impl=_setting(config, "conformance_impl") or DEFAULT_IMPL,
         dtypes=tuple(_DTYPES[d] for d in dtype_names) or None,
     )
+    _check_report_path(config)
     return options, devices
 
 
@@ -377,11 +433,37 @@ def _outcome_and_reason(report: pytest.TestReport, properties: dict[str, Any]) -
     return "passed", ""
 
 
+def _move_hypothesis_home(config: pytest.Config) -> None:
+    """Keep Hypothesis's home folder (its cache of the constants it finds in source files) out of
+    the user's project: `.hypothesis/` in the current directory by default, although the suite
+    uses no example database. It goes into pytest's cache, else a temporary folder removed after
+    the run; HYPOTHESIS_STORAGE_DIRECTORY, when set, is left to decide."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis import configuration
+
+    home: Path | None = None
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        try:
+            home = Path(cache.mkdir("autograd-conformance-hypothesis"))
+        except OSError:
+            home = None
+    if home is None:
+        scratch = tempfile.TemporaryDirectory(prefix="autograd-conformance-hypothesis-")
+        config.add_cleanup(scratch.cleanup)
+        home = Path(scratch.name)
+    previous = vars(configuration).get("__hypothesis_home_directory")  # restored for in-process runs
+    configuration.set_hypothesis_home_dir(home)
+    config.add_cleanup(lambda: configuration.set_hypothesis_home_dir(previous))
+
+
 def activate(config: pytest.Config) -> ConformanceSession:
     """Register this run's session (called by the start-up plugin when the run uses the suite)."""
     session = ConformanceSession(config)
     config.stash[_session_key] = session
     config.pluginmanager.register(session, "autograd-conformance-session")
+    _move_hypothesis_home(config)
     session.load()
     return session
 

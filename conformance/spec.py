@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import keyword
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +38,9 @@ __all__ = [
 
 DOMAINS = ("real", "positive", "nonzero", "unit")
 DEVICES = ("cpu", "cuda")
+# The dtypes the suite generates cases in and compares (the --dtypes choices): float8 and other
+# storage formats have no arithmetic of their own to check a backward in.
+SUPPORTED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 Domain = Union[str, tuple[float, float]]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -260,7 +264,10 @@ def _caller() -> tuple[str, str]:
     while frame is not None:
         module = frame.f_globals.get("__name__", "__main__")
         if module != package and not module.startswith(package + "."):
-            return str(module), f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            filename = frame.f_code.co_filename
+            if not filename.startswith("<"):  # one file imported by path and by name: one call site
+                filename = os.path.realpath(filename)
+            return str(module), f"{filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "__main__", ""
 
@@ -384,6 +391,7 @@ def _build_spec(
             raise fail(f"{where}.name", f"duplicate argument name {spec_input.name!r}")
         seen.add(spec_input.name)
         if isinstance(spec_input, Scalar):
+            _check_scalar(spec_input, fail, f"{where}.value")
             continue
         try:
             parsed = parse_shape(spec_input.shape)
@@ -431,6 +439,8 @@ def _build_spec(
     for dtype in dtypes:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise fail("dtypes", f"{dtype!r} is not a floating-point torch.dtype")
+        if dtype not in SUPPORTED_DTYPES:
+            raise fail("dtypes", f"{dtype!r} is not supported; use float64, float32, float16 or bfloat16")
     if isinstance(devices, str) or not isinstance(devices, Sequence) or not devices:
         raise fail("devices", f"must be a non-empty sequence drawn from {DEVICES}, got {devices!r}")
     for device in devices:
@@ -456,7 +466,7 @@ def _build_spec(
         for key, k in ks.items():
             if key not in DEFAULT_TOLERANCES:
                 raise fail("tolerances", f"tolerances[{dtype}] key {key!r} is not one of {tuple(DEFAULT_TOLERANCES)}")
-            if not isinstance(k, (int, float)) or not 0 < k <= MAX_TOLERANCE:
+            if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= MAX_TOLERANCE:
                 raise fail(
                     "tolerances",
                     f"tolerances[{dtype}][{key!r}] = {k!r} must be a number in (0, {MAX_TOLERANCE}]",
@@ -530,6 +540,26 @@ def _check_kinks(kinks: Any, inputs: Sequence[Any], fail: Callable[[str, str], S
                 raise fail(where, f"{kink!r} refers to Scalar {name!r} = {value!r}, which is not a finite number")
         elif not _is_real(kink):
             raise fail(where, f"kink {kink!r} is not a finite number or the name of a Scalar input")
+
+
+def _check_scalar(scalar: Scalar, fail: Callable[[str, str], SpecError], where: str) -> None:
+    """A strategy must be valid and able to draw a value: Hypothesis would otherwise fail every
+    test of the spec at run time, each with a long traceback."""
+    if not is_strategy(scalar.value):
+        return
+    try:
+        scalar.value.validate()
+        empty = scalar.value.is_empty
+    except Exception as error:
+        raise fail(
+            where, f"Scalar {scalar.name!r}: the strategy {scalar.value!r} is invalid: {type(error).__name__}: {error}"
+        ) from None
+    if empty:
+        raise fail(
+            where,
+            f"Scalar {scalar.name!r}: the strategy {scalar.value!r} can never draw a value; "
+            "pass a strategy that does, or a constant",
+        )
 
 
 def _is_real(value: Any) -> bool:

@@ -95,3 +95,51 @@ def test_same_seed_same_verdicts_serial_and_xdist(pytester: pytest.Pytester) -> 
         return sorted(line for line in result.outlines if "Draw 1 (case)" in line)
 
     assert falsifying(serial) == falsifying(parallel) != []
+
+
+TINY_SPEC = textwrap.dedent(
+    """
+    import torch
+    from conformance import Tensor, register
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    register(Twice, name="twice", inputs=[Tensor("x", "n")], reference=lambda x: 2 * x)
+    """
+)
+
+
+@pytest.mark.parametrize("impl", ["dup_twice_ops.py,dup_twice_ops", "dup_twice_ops,dup_twice_ops.py"])
+@pytest.mark.usefixtures("clean_registry")
+def test_same_file_as_path_and_module_is_one_set_of_specs(pytester: pytest.Pytester, impl: str) -> None:
+    pytester.makepyfile(dup_twice_ops=TINY_SPEC)
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--impl={impl}", "--device=cpu", "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.OK, result.errlines
+    collected = [line for line in result.outlines if "::test_" in line]
+    assert len(collected) == len({line.split("::")[0] for line in collected}) == 15, collected
+    assert all(line.endswith("[twice-cpu]") for line in collected), collected
+
+
+@pytest.mark.parametrize("cacheprovider", [True, False])
+def test_no_hypothesis_folder_in_the_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cacheprovider: bool) -> None:
+    """The suite keeps no example database; Hypothesis's constants cache goes to pytest's cache
+    (or a temporary folder), not into `.hypothesis/` where the user runs."""
+    monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
+    pytester.makepyfile(tiny_ops=TINY_SPEC)
+    ini = pytester.makeini("[pytest]\n")  # the user's project, not this repository's pyproject (no:cacheprovider)
+    args = [str(CONFORMANCE_DIR), "--impl=tiny_ops.py", "--max-examples=2", "--device=cpu", "--contracts=grad_meta,reference",
+            "-c", str(ini), f"--rootdir={pytester.path}"]
+    result = pytester.runpytest_subprocess(*args, *([] if cacheprovider else ["-p", "no:cacheprovider"]))
+    result.assert_outcomes(passed=2)
+    assert not (pytester.path / ".hypothesis").exists()
+    if cacheprovider:
+        assert any((pytester.path / ".pytest_cache" / "d" / "autograd-conformance-hypothesis").rglob("*"))

@@ -4,6 +4,7 @@ and ``pytest conformance --impl=bad_spec.py`` stops with that one error and no t
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,6 +63,16 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ({"inputs": [Tensor("x", "n", kinks=(float("nan"),)), Tensor("y", "n")]}, "inputs[0].kinks", "kink nan is not a finite number"),
         ({"inputs": [Tensor("x", "n", kinks=(True,)), Tensor("y", "n")]}, "inputs[0].kinks", "kink True is not a finite number"),
         ({"inputs": [Tensor("x", "n", kinks=("clip",)), Tensor("y", "n")]}, "inputs[0].kinks", "'clip' names no Scalar input"),
+        ({"tolerances": {torch.float32: {"output": True}}}, "tolerances", "tolerances[torch.float32]['output'] = True must be a number"),
+        ({"dtypes": (torch.float32, torch.float8_e4m3fn)}, "dtypes", "torch.float8_e4m3fn is not supported; use float64, float32, float16 or bfloat16"),
+        ({"dtypes": (torch.complex64,)}, "dtypes", "torch.complex64 is not a floating-point torch.dtype"),
+        ({"inputs": [Tensor("x", "n"), Scalar("y", st.nothing())]}, "inputs[1].value", "Scalar 'y': the strategy nothing() can never draw a value"),
+        ({"inputs": [Tensor("x", "n"), Scalar("y", st.sampled_from([]))]}, "inputs[1].value", "is invalid: InvalidArgument: Cannot sample from a length-zero"),
+        (
+            {"inputs": [Tensor("x", "n"), Scalar("y", st.integers(min_value=5, max_value=1))]},
+            "inputs[1].value",
+            "Scalar 'y': the strategy integers(min_value=5, max_value=1) is invalid: InvalidArgument: Cannot have max_value=1 < min_value=5",
+        ),
     ],
 )
 def test_bad_spec_names_the_field(overrides: dict[str, Any], field: str, phrase: str) -> None:
@@ -208,3 +219,52 @@ def test_bad_option_is_a_usage_error_that_says_how_to_fix_it(pytester: pytest.Py
     result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), option, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert phrase in result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("option", "phrase"),
+    [
+        ("--impl=", "--impl is empty (--impl=''; an unset variable?); pass e.g. --impl=mypkg or --impl=path/to/specs.py, "
+                    "or leave --impl out for the default (the bundled reference_ops)"),
+        ("--dtypes=", "--dtypes is empty (--dtypes=''; an unset variable?); pass e.g. --dtypes=float32,bfloat16"),
+        ("--dtypes=,", "--dtypes is empty (--dtypes=',';"),
+        ("--contracts=", "--contracts is empty (--contracts=''; an unset variable?)"),
+        ("--device=", "--device is empty (--device=''; an unset variable?); pass e.g. --device=cpu"),
+        ("--conformance-report=", "--conformance-report is empty"),
+    ],
+)
+def test_empty_option_value_is_a_usage_error_not_the_default(pytester: pytest.Pytester, option: str, phrase: str) -> None:
+    """`--impl=$IMPL` with IMPL unset must not quietly test the default (or every dtype, contract)."""
+    result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), option, "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-3:]
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and phrase in errors[0], result.errlines
+
+
+def test_unwritable_report_path_is_a_usage_error_before_the_run(pytester: pytest.Pytester) -> None:
+    """Found up front, not in a traceback after the whole run; a missing folder is created."""
+    blocker = pytester.makefile(".txt", blocker="a file, not a folder")
+    bad = blocker / "reports" / "conformance"
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--conformance-report={bad}", "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1, result.errlines
+    assert errors[0].startswith(f"ERROR: --conformance-report={bad}: cannot write into {str(bad.parent)!r} (NotADirectoryError: ")
+    assert "pass a path in a writable folder" in errors[0]
+
+    occupied = pytester.path / "taken"
+    Path(f"{occupied}.json").mkdir()
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--conformance-report={occupied}", "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"{str(occupied) + '.json'!r} is a directory" in result.stderr.str()
+
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), "--conformance-report=new/nested/report", "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "new" / "nested").is_dir()
+    assert list((pytester.path / "new" / "nested").iterdir()) == []  # the write probe is gone

@@ -130,6 +130,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         const="true",
     )
     option(
+        "--example-timeout",
+        "conformance_example_timeout",
+        "seconds one example may run before it fails as a hang naming the phase (forward, backward, "
+        "reference, gradcheck); 0 for no limit; a spec's register(..., timeout=) overrides it; default 300",
+        metavar="SECONDS",
+    )
+    option(
+        "--isolate",
+        "conformance_isolate",
+        "run every contract test in a forked child process, so a Function that exits the process or "
+        "segfaults fails its test (with its case) and the run goes on; CPU only (use -n N for CUDA)",
+        action="store_const",
+        const="true",
+    )
+    option(
         "--conformance-report",
         "conformance_report",
         "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ContractFailure",
     "TestContext",
+    "contract_failure",
     "current_context",
     "describe_value",
     "fail",
@@ -109,6 +110,13 @@ def describe_value(value: Any) -> str:
 def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None) -> NoReturn:
     """Raise :class:`ContractFailure` with the standard report for the running test."""
     __tracebackhide__ = True
+    raise contract_failure(summary, *details, contract=contract, spec=spec, case=case)
+
+
+def contract_failure(
+    summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None
+) -> ContractFailure:
+    """The :class:`ContractFailure` :func:`fail` raises, for a caller that must carry it."""
     context = current_context()
     contract = contract or (context.contract if context else "?")
     spec = spec or (context.spec if context else None)
@@ -123,7 +131,7 @@ def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | 
         snippet=case.repro() if case is not None else "", rerun=context.rerun if context is not None else "",
     )
     failure.dtype = case.dtype if case is not None else None
-    raise failure
+    return failure
 
 
 def _index(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:

@@ -31,9 +31,18 @@ from conformance.defects import Blocked, ForwardError
 from conformance.expectations import Expectation
 from conformance.global_state import pinned_global_state
 from conformance.harness import Execution, why_no_backward
-from conformance.report import ContractFailure, TestContext, fail, reset_context, set_context
+from conformance.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
 from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
 from conformance.spec import Spec
+from conformance.watchdog import (
+    DEFAULT_EXAMPLE_TIMEOUT,
+    ExampleAborted,
+    ExampleTimeout,
+    FlightRecorder,
+    example_deadline,
+    phase_at,
+    phase_marks,
+)
 from strategies.cases import Case, cases
 
 __all__ = [
@@ -84,6 +93,7 @@ class RunOptions:
     seed: int = 0
     impl: str = "reference_ops"
     dtypes: tuple[torch.dtype, ...] | None = None
+    example_timeout: float | None = DEFAULT_EXAMPLE_TIMEOUT  # seconds per example; None: unbounded
 
     def hypothesis_settings(self) -> settings:
         values = dict(PROFILES[self.profile])
@@ -124,6 +134,7 @@ class Target:
     last_draws: list[tuple[str | None, Any]] = field(default_factory=list, repr=False)
     dtype_expectations: tuple[Expectation, ...] = field(default=(), repr=False)  # xfail in that dtype only
     strict_expectations: bool = field(default=False, repr=False)
+    flight: FlightRecorder | None = field(default=None, repr=False)  # what a crash report reads back
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``."""
@@ -181,7 +192,14 @@ class Target:
         case = data.draw(cases(self.spec, device=self.device, **kwargs), label="case")
         if self.context is not None:
             self.context.use_case(case)
+        if self.flight is not None:
+            self.flight.start_example(case.describe(), self.example_timeout)
         return case
+
+    @property
+    def example_timeout(self) -> float | None:
+        """Seconds one example may run: the spec's own budget, else the run's."""
+        return self.spec.timeout if self.spec.timeout is not None else self.options.example_timeout
 
     def run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None = None) -> None:
         """Run ``check`` as a Hypothesis property with this run's settings and seed (or once on
@@ -192,7 +210,10 @@ class Target:
         )
         property_ = self._property(check)
         if self.replay_draws is not None:
-            property_(ReplayData(self.replay_draws))
+            try:
+                property_(ReplayData(self.replay_draws))
+            except ExampleAborted as aborted:
+                raise aborted.failure from None
             self._require_checked()
             return
         run_settings = self.options.hypothesis_settings()
@@ -203,14 +224,19 @@ class Target:
             run_settings(seed(test_seed)(given(data=st.data())(property_)))()
         except Blocked as blocked:
             self.skip_blocked(blocked)
-        except ContractFailure as failure:
-            # Hypothesis ran the minimal failing example last: its draws are the ones recorded.
+        except (ContractFailure, ExampleAborted) as error:
+            # Hypothesis ran the minimal failing example last: its draws are the ones recorded
+            # (an aborted example -- a hang, sys.exit -- is not shrunk: it is that example).
+            failure = error.failure if isinstance(error, ExampleAborted) else error
+            assert isinstance(failure, ContractFailure)
             self._attach_repro(failure)
             self.user_properties.append((FAILURE_PROPERTY, failure.summary))
             self.user_properties.append((FAILURE_REPORT_PROPERTY, str(failure)))
             expected = self._expected_in(failure.dtype)
             if expected is not None:
                 pytest.xfail(f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}")
+            if failure is not error:
+                raise failure from None
             raise
         self._require_checked()
         self._note_unmet_expectations()
@@ -251,17 +277,46 @@ class Target:
     def _property(self, check: Callable[[Target, st.DataObject], None]) -> Callable[[Any], None]:
         """``check`` with its draws recorded and any raw error turned into a labelled failure."""
 
+        marks = phase_marks(self.spec.fn, self.spec.reference, self.spec.surrogate)
+        own_steps = f"the {self.contract} contract's own steps (outside the Function and its reference)"
+
+        def phase(frame: Any) -> str:
+            return phase_at(frame, marks, own_steps)
+
         def property_(data: Any) -> None:
             token = set_context(self.context)
             recorder = DrawRecorder(data)
             self.last_draws = recorder.draws
+            stack_file = self.flight.stack_file if self.flight is not None else None
             try:
                 # Whatever torch's global state is when the example starts (a spec module may
                 # have turned grad mode off at import), it runs under the pinned defaults.
-                with pinned_global_state():
-                    check(self, recorder)  # type: ignore[arg-type]
-            except (ContractFailure, Blocked, HypothesisException, ReplayMismatch):
+                with example_deadline(self.example_timeout, phase=phase, stack_file=stack_file) as interrupts:
+                    try:
+                        with pinned_global_state():
+                            check(self, recorder)  # type: ignore[arg-type]
+                    except KeyboardInterrupt:
+                        if interrupts.real:
+                            raise  # Ctrl-C: stop the run as usual
+                        raise ExampleAborted(contract_failure(
+                            f"{self.spec.fn.__qualname__} raised KeyboardInterrupt itself, but should never "
+                            "(it stops the caller's whole program)",
+                        )) from None
+            except (ContractFailure, Blocked, HypothesisException, ReplayMismatch, ExampleAborted):
                 raise
+            except ExampleTimeout as timeout:
+                raise ExampleAborted(contract_failure(
+                    f"example took longer than {timeout.seconds:g} s, but should finish [hung in {timeout.phase}]",
+                    f"time budget: {timeout.seconds:g} s per example (--example-timeout, or register(..., timeout=) "
+                    "for a Function that is legitimately slow)",
+                    _user_frames(timeout),
+                )) from None
+            except SystemExit as exiting:
+                raise ExampleAborted(contract_failure(
+                    f"sys.exit({exiting.code!r}) was called, but a Function should never exit the program "
+                    f"[{phase(_innermost_frame(exiting))}]",
+                    _user_frames(exiting),
+                )) from None
             except ForwardError as error:
                 cause = error.__cause__ or error
                 fail(
@@ -305,6 +360,13 @@ class Target:
         case = f"; case: {blocked.case.describe()}" if blocked.case is not None else ""
         rerun = f"; rerun: {self.rerun}" if self.rerun else ""
         pytest.skip(f"blocked by {blocked.defect.owner}: {blocked.defect.summary}; see {blocked.defect.owner}{case}{rerun}")
+
+
+def _innermost_frame(error: BaseException) -> Any:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
 
 
 def _user_frames(error: BaseException, limit: int = 4) -> str:

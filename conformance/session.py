@@ -7,10 +7,12 @@ and calls :func:`activate` only in runs that use the suite.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
 import shlex
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DEFAULT_IMPL, DEVICE_CHOICES, DTYPE_NAMES
 from conformance.expectations import Expectation, Expectations
+from conformance.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
 from conformance.runner import (
@@ -35,6 +38,7 @@ from conformance.runner import (
     Target,
 )
 from conformance.spec import Spec, SpecError
+from conformance.watchdog import DEFAULT_EXAMPLE_TIMEOUT, FlightRecorder
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -163,6 +167,25 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
     return options, devices
 
 
+def _example_timeout(config: pytest.Config) -> float | None:
+    raw = _setting(config, "conformance_example_timeout")
+    if raw is None:
+        return DEFAULT_EXAMPLE_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise pytest.UsageError(
+            f"--example-timeout={raw!r} is not a number of seconds >= 0; pass e.g. --example-timeout=60 (0: no limit)"
+        )
+    return seconds or None
+
+
+def _flag(config: pytest.Config, name: str) -> bool:
+    return (_setting(config, name) or "").lower() in ("1", "true", "yes")
+
+
 # ------------------------------------------------------------------------ activation
 
 
@@ -230,17 +253,56 @@ class ConformanceSession:
         self.expectations: Expectations | None = None
         self.matrix = OutcomeMatrix()
         self.is_worker = hasattr(config, "workerinput")
+        self.flight: FlightRecorder | None = None
+        self.own_flight_dir: Path | None = None  # made (and removed) by this process
 
     # ---------------------------------------------------------------- setup
 
     def ensure_options(self) -> RunOptions:
         if self.options is None:
-            self.options, self.devices = _read_options(self.config)
+            options, self.devices = _read_options(self.config)
+            self.options = dataclasses.replace(options, example_timeout=_example_timeout(self.config))
             path = _setting(self.config, "conformance_expectations")
             if path:
-                strict = (_setting(self.config, "conformance_strict_expectations") or "").lower() in ("1", "true", "yes")
+                strict = _flag(self.config, "conformance_strict_expectations")
                 self.expectations = Expectations.load(path, strict=strict, dtypes=_DTYPES)
         return self.options
+
+    def watch_crashes(self) -> None:
+        """Set up what reports a test whose process dies: this process's flight recorder, fork
+        isolation (``--isolate``) and, on an xdist controller, crash reports for its workers."""
+        config = self.config
+        workerinput = getattr(config, "workerinput", {})
+        if FLIGHT_DIR_KEY in workerinput:
+            flight_dir = Path(workerinput[FLIGHT_DIR_KEY])
+        else:
+            flight_dir = self.own_flight_dir = Path(tempfile.mkdtemp(prefix="conformance-flight-"))
+        self.flight = FlightRecorder(flight_dir, str(workerinput.get("workerid", "main")))
+        if self.is_worker:
+            self.flight.catch_fatal_signals()  # a segfault's stack goes into the crash report
+        elif hasattr(config.hook, "pytest_handlecrashitem"):
+            config.pluginmanager.register(XdistCrashReports(flight_dir), "autograd-conformance-crashes")
+            numprocesses = getattr(config.option, "numprocesses", None)
+            if numprocesses and getattr(config.option, "maxworkerrestart", "") is None:
+                # One restart per test that may crash its worker, so crashing Functions cannot end
+                # the run early (xdist's default is 4 per worker). Collection cannot crash-loop:
+                # this process has already imported the same --impl modules.
+                config.option.maxworkerrestart = str(4 * int(numprocesses) + len(self.possible_tests()))
+        if _flag(config, "conformance_isolate"):
+            if not hasattr(os, "fork"):
+                raise pytest.UsageError("--isolate needs os.fork, which this platform lacks; use -n 1 (pytest-xdist) instead")
+            if "cuda" in self.devices and _cuda_usable():
+                raise pytest.UsageError(
+                    "--isolate forks a child per test, and CUDA cannot be used in a forked child: pass --device=cpu "
+                    "with --isolate, or contain CUDA crashes with pytest-xdist (-n 1 or more) instead"
+                )
+            config.pluginmanager.register(ForkIsolation(config, self.flight), "autograd-conformance-isolation")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.flight is not None:
+            self.flight.close()
+        if self.own_flight_dir is not None:
+            shutil.rmtree(self.own_flight_dir, ignore_errors=True)
 
     def load(self) -> list[Spec]:
         if self.specs is None:
@@ -465,6 +527,7 @@ def activate(config: pytest.Config) -> ConformanceSession:
     config.pluginmanager.register(session, "autograd-conformance-session")
     _move_hypothesis_home(config)
     session.load()
+    session.watch_crashes()
     return session
 
 
@@ -535,7 +598,10 @@ def make_target(request: pytest.FixtureRequest) -> Target:
     node = request.node
     rerun = rerun_command(request.config, node, options, device)
     node.user_properties.append((RERUN_PROPERTY, rerun))
+    if session.flight is not None:
+        session.flight.start_test(node.nodeid, _contract_name(node.originalname), spec.name, device, rerun)
     target = Target(
+        flight=session.flight,
         spec=spec,
         device=device,
         contract=_contract_name(node.originalname),

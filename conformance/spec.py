@@ -198,6 +198,7 @@ class Spec:
     nondeterministic: bool
     tolerances: Mapping[torch.dtype, Mapping[str, float]] = field(default_factory=dict)
     waivers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None  # seconds per example; None: the run's --example-timeout
     origin: str = "__main__"
     source_file: str = ""
     registered_at: str = ""
@@ -286,6 +287,7 @@ def register(
     nondeterministic: bool = False,
     tolerances: Mapping[torch.dtype, Mapping[str, float]] | None = None,
     waivers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
 
@@ -307,6 +309,7 @@ def register(
         nondeterministic=nondeterministic,
         tolerances=tolerances or {},
         waivers=waivers or {},
+        timeout=timeout,
         origin=origin,
         registered_at=registered_at,
     )
@@ -365,6 +368,7 @@ def _build_spec(
     tolerances: Any,
     origin: str,
     waivers: Any = None,
+    timeout: Any = None,
     registered_at: str = "",
 ) -> Spec:
     shown = str(spec_name)
@@ -485,6 +489,9 @@ def _build_spec(
         if not isinstance(reason, str) or not reason.strip():
             raise fail("waivers", f"waivers[{contract!r}] must be a non-empty reason, got {reason!r}")
 
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf):
+        raise fail("timeout", f"must be a positive number of seconds per example (or None), got {timeout!r}")
+
     return Spec(
         fn=fn,
         name=spec_name,
@@ -498,6 +505,7 @@ def _build_spec(
         nondeterministic=nondeterministic,
         tolerances={dtype: dict(ks) for dtype, ks in tolerances.items()},
         waivers=dict(waivers),
+        timeout=float(timeout) if timeout is not None else None,
         origin=origin,
         registered_at=registered_at,
         source_file=_source_file(fn),

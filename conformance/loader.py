@@ -99,6 +99,11 @@ def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
             ) from error
         except Exception as error:
             raise ImplError(f"--impl={target}: importing it raised {type(error).__name__}: {error}") from error
+        except SystemExit as exiting:
+            raise ImplError(
+                f"--impl={target}: importing it called sys.exit({exiting.code!r}); a module that registers "
+                "Functions must not exit at import (guard scripts with `if __name__ == \"__main__\":`)"
+            ) from None
         found = [
             s
             for s in registered()

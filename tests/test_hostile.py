@@ -68,3 +68,13 @@ def test_hostile_functions_fail_and_the_run_goes_on(tmp_path: Path, mode: tuple[
     assert results[("leaks_default_dtype", "gradcheck")]["outcome"] == "passed"
     native = results[("hangs_natively", "gradcheck")]["message"]
     assert "hostile.py" in native, native  # where it hung: from the frames or faulthandler's dump
+
+
+def test_sys_exit_while_importing_impl_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(2)\n")
+    command = [sys.executable, "-m", "pytest", str(REPO / "conformance"), "--impl=exits.py", "-p", "no:cacheprovider"]
+    result = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "--impl=exits.py: importing it called sys.exit(2)" in result.stderr
+    assert "INTERNALERROR" not in result.stdout + result.stderr

@@ -26,6 +26,7 @@ import faulthandler
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -183,14 +184,27 @@ def _handling(signum: signal.Signals, handler: Callable[[int, FrameType | None],
 @contextlib.contextmanager
 def hard_deadline(seconds: float, stack_file: IO[str] | None) -> Iterator[None]:
     """End the process (after dumping every thread's stack) if the block runs ``seconds``."""
-    if stack_file is not None:
-        faulthandler.dump_traceback_later(seconds, exit=True, file=stack_file)
-    else:
-        faulthandler.dump_traceback_later(seconds, exit=True)
+    target = stack_file if stack_file is not None else _real_stderr()
+    if target is None:  # nowhere faulthandler can write (stderr replaced, no real one): no hard deadline
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds, exit=True, file=target)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def _real_stderr() -> IO[str] | None:
+    """A stderr with a file descriptor (faulthandler needs one; a captured sys.stderr has none)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 class FlightRecorder:

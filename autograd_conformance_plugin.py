@@ -137,6 +137,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
     )
     option(
+        "--threads",
+        "conformance_threads",
+        "torch intra-op threads the suite's evaluations run with; the suite's tensors are small, so "
+        "more threads only spin; the previous setting is put back when the run ends; default 1",
+        metavar="N",
+    )
+    option(
         "--isolate",
         "conformance_isolate",
         "run every contract test in a forked child process, so a Function that exits the process or "

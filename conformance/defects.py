@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from conformance.harness import Execution
     from strategies.cases import Case
 
-__all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects"]
+__all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects", "unwritten_defect"]
 
 @dataclass(frozen=True)
 class Defect:
@@ -184,6 +184,32 @@ def _describe_return(value: Any) -> str:
     return f"a {type(value).__name__} ({describe_value(value)})"
 
 
+def unwritten_defect(execution: Execution) -> Defect:
+    """Output or gradient elements read from memory the Function never wrote, owned by
+    ``unwritten_memory`` (see :mod:`conformance.memory`)."""
+    first = execution.unwritten[0]
+    fn_name = execution.case.spec.fn.__qualname__
+    phase = "forward" if first.what.startswith("output") else "backward"
+    others = "; ".join(u.describe() for u in execution.unwritten[1:])
+    return Defect(
+        "unwritten_memory",
+        f"{first.what}{list(first.index)}=NaN from a poisoned allocation, but should be written by "
+        f"{fn_name}.{phase} ({first.count} of {first.total} elements never written) [{fn_name}.{phase}]",
+        (
+            "Every uninitialised buffer the Function allocated (torch.empty, empty_like, new_empty, "
+            "empty_strided) was filled with NaN; these elements kept it, and hold a different value when the "
+            "same buffers start as zeros -- so they come from memory the Function never wrote. Fresh memory is "
+            "often zeros, which hides this on most machines.",
+            "Usual causes: a launch grid that skips the last partial block (numel // BLOCK instead of "
+            "cdiv(numel, BLOCK)), a store mask that excludes valid elements, a branch that fills only part of "
+            "a buffer.",
+            f"Also: {others}." if others else "",
+            "A Function that deliberately returns uninitialised padding can opt out: "
+            "register(..., waivers={'unwritten_memory': 'why'}).",
+        ),
+    )
+
+
 def require_sound(contract: str, execution: Execution) -> None:
     """Stop unless ``execution`` ran cleanly: the owner of a structural defect fails with it,
     other contracts are blocked by it; a backward that raised otherwise fails ``contract``."""
@@ -200,6 +226,11 @@ def require_sound(contract: str, execution: Execution) -> None:
             fail(own[0].summary, *own[0].details)
         if defects:
             raise Blocked(defects[0], execution.case)
+    if execution.unwritten:
+        defect = unwritten_defect(execution)
+        if defect.owner == contract:
+            fail(defect.summary, *defect.details)
+        raise Blocked(defect, execution.case)
     error = execution.backward_error
     if error is None:
         return

@@ -30,6 +30,8 @@ __all__ = [
     "FLAGS",
     "PINNED",
     "PINNED_SEED",
+    "SUITE_THREADS",
+    "THREADS",
     "Flag",
     "RngStates",
     "Snapshot",
@@ -38,11 +40,17 @@ __all__ = [
     "kept_flags",
     "pin",
     "pinned_global_state",
+    "pinned_values",
     "preserved_global_state",
     "restore",
     "rng_states",
     "snapshot",
 ]
+
+# torch's intra-op threads for every evaluation unless --threads says otherwise: the suite's
+# tensors are small, so more threads only spin (gradcheck ran 3x the CPU time with two).
+SUITE_THREADS = 1
+THREADS = "torch.get_num_threads()"
 
 # Every evaluation starts with torch's global RNGs seeded with this: a Function that draws
 # random numbers draws the same ones whatever ran before it (serially or under xdist).
@@ -112,7 +120,7 @@ def _flags() -> tuple[Flag, ...]:
             lambda value: torch.set_anomaly_enabled(torch.is_anomaly_enabled(), value),
             True,
         ),
-        Flag("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads, _DEFAULT_THREADS),
+        Flag(THREADS, torch.get_num_threads, torch.set_num_threads, SUITE_THREADS),
         Flag("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
         Flag("torch.backends.cuda.matmul.allow_tf32", lambda: bool(matmul.allow_tf32), _set_attribute(matmul, "allow_tf32"), False),
         Flag(
@@ -146,10 +154,16 @@ def _flags() -> tuple[Flag, ...]:
     )
 
 
-_DEFAULT_THREADS = torch.get_num_threads()
 FLAGS: tuple[Flag, ...] = _flags()
 PINNED: Mapping[str, Any] = MappingProxyType({flag.name: flag.pinned for flag in FLAGS})
 INFERENCE_MODE = "torch.is_inference_mode_enabled()"
+
+
+def pinned_values(*, threads: int = SUITE_THREADS) -> Mapping[str, Any]:
+    """The pinned values, with ``threads`` intra-op threads (``--threads``) instead of the default."""
+    if threads == PINNED[THREADS]:
+        return PINNED
+    return MappingProxyType({**PINNED, THREADS: threads})
 
 
 @dataclass(frozen=True)
@@ -209,10 +223,10 @@ def restore(saved: Snapshot, *, rng: bool = True) -> None:
             torch.cuda.set_rng_state_all(list(saved.rng.cuda))
 
 
-def pin(*, rng: bool = True) -> None:
-    """Set every flag to its pinned value and (unless ``rng=False``) seed the RNGs with
-    :data:`PINNED_SEED` (CUDA lazily: seeding never initialises it)."""
-    _apply(PINNED)
+def pin(values: Mapping[str, Any] = PINNED, *, rng: bool = True) -> None:
+    """Set every flag to its pinned value (``values``, see :func:`pinned_values`) and (unless
+    ``rng=False``) seed the RNGs with :data:`PINNED_SEED` (CUDA lazily: seeding never initialises it)."""
+    _apply(values)
     if rng:
         torch.manual_seed(PINNED_SEED)
 
@@ -229,16 +243,17 @@ def differences(
 
 
 @contextlib.contextmanager
-def pinned_global_state() -> Iterator[None]:
+def pinned_global_state(values: Mapping[str, Any] = PINNED) -> Iterator[None]:
     """Run the block under the pinned defaults (grad mode on, float32, CPU default device, RNGs
-    seeded, deterministic algorithms and anomaly mode off, torch's backend defaults), then put
-    back exactly what was there before, RNG states included."""
+    seeded, deterministic algorithms and anomaly mode off, torch's backend defaults, one intra-op
+    thread; ``values`` from :func:`pinned_values` to change the thread count), then put back
+    exactly what was there before, RNG states included."""
     saved = snapshot()
     try:
         with contextlib.ExitStack() as stack:
             if saved.inference_mode:
                 stack.enter_context(torch.inference_mode(False))
-            pin()
+            pin(values)
             yield
     finally:
         restore(saved)

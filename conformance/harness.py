@@ -12,6 +12,7 @@ import torch
 
 from conformance.defects import ForwardError, require_sound
 from conformance.global_state import kept_flags
+from conformance.memory import MARGIN, AllocationPolicy, Unwritten, padded_copy, poison_candidates, unwritten_elements
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
@@ -78,6 +79,17 @@ class Execution:
     grad_outputs_before: tuple[torch.Tensor, ...] = ()
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     backward_error: BaseException | None = None
+    # Output/gradient elements that came from memory the Function never wrote (poisoned
+    # allocations, confirmed by a zero-filled rerun): the unwritten_memory contract's finding.
+    unwritten: list[Unwritten] = field(default_factory=list)
+
+    def observed(self) -> list[tuple[str, torch.Tensor | None]]:
+        """The tensors a caller gets: forward's outputs and the input gradients, labelled."""
+        labelled: list[tuple[str, torch.Tensor | None]] = [
+            (f"output[{i}]", o) for i, o in enumerate(self.outputs) if isinstance(o, torch.Tensor)
+        ]
+        labelled.extend((f"grad[{name!r}]", grad) for name, grad in self.grads.items())
+        return labelled
 
     @property
     def wrt_names(self) -> list[str]:
@@ -86,6 +98,15 @@ class Execution:
             for recipe, arg in zip(self.case.recipes, self.args)
             if isinstance(arg, torch.Tensor) and arg.requires_grad
         ]
+
+
+UNWRITTEN_CONTRACT = "unwritten_memory"
+
+
+def allocation_policy(spec: Spec) -> AllocationPolicy:
+    """What every evaluation does to the Function's own uninitialised allocations: canary
+    margins always; poisoned unless the spec waives unwritten_memory (then left unfilled)."""
+    return AllocationPolicy(None if UNWRITTEN_CONTRACT in spec.waivers else "poison", MARGIN)
 
 
 def execute(
@@ -100,6 +121,7 @@ def execute(
     retain_graph: bool = False,
     after_forward: Callable[[Execution], None] | None = None,
     after_backward: Callable[[Execution], None] | None = None,
+    guard_inputs: bool = False,
 ) -> Execution:
     """Forward through a probed copy of the Function; then backward unless told not to.
 
@@ -112,9 +134,41 @@ def execute(
     called between forward and backward, ``after_backward`` after a backward that returned (the
     global_state contract looks at torch's state there); torch's global flags are put back when
     the call returns (:func:`conformance.global_state.kept_flags`).
+
+    The Function's own uninitialised allocations are poisoned (:func:`allocation_policy`); when
+    an output or gradient then holds NaN, the case runs again with zero-filled allocations and
+    the elements that were NaN only with poison go into ``unwritten``. Each such allocation sits
+    inside a canary-margined buffer (``recorder.canaries``); ``guard_inputs`` puts the tensor
+    inputs and grad_outputs inside such buffers too.
     """
-    with kept_flags():  # a Function that leaks global state is global_state's finding only
-        return _execute(case, dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph, after_forward, after_backward)
+    policy = allocation_policy(case.spec)
+
+    def run(policy: AllocationPolicy, *, first: bool) -> Execution:
+        with kept_flags():  # a Function that leaks global state is global_state's finding only
+            return _execute(
+                case, dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph,
+                after_forward if first else None, after_backward if first else None, policy, guard_inputs and first,
+            )
+
+    rng_before = torch.get_rng_state()
+    execution = run(policy, first=True)
+    if policy.fill == "poison" and execution.recorder.uninitialised_allocations and poison_candidates(execution.observed()):
+        execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(AllocationPolicy("zeros"), first=False))
+    return execution
+
+
+def _confirm_unwritten(execution: Execution, rng_before: torch.Tensor, rerun: Callable[[], Execution]) -> list[Unwritten]:
+    """The same evaluation with zero-filled allocations (the RNG as it was, so random draws
+    match): elements NaN with poison but not with zeros were never written by the Function."""
+    rng_after = torch.get_rng_state()
+    torch.set_rng_state(rng_before)
+    try:
+        zeroed = rerun()
+    except Exception:  # a second run that fails proves nothing either way
+        return []
+    finally:
+        torch.set_rng_state(rng_after)
+    return unwritten_elements(execution.observed(), dict(zeroed.observed()))
 
 
 def _execute(
@@ -128,9 +182,13 @@ def _execute(
     retain_graph: bool,
     after_forward: Callable[[Execution], None] | None,
     after_backward: Callable[[Execution], None] | None,
+    policy: AllocationPolicy,
+    guard_inputs: bool,
 ) -> Execution:
-    probed, recorder = probe(fn or case.spec.fn)
+    probed, recorder = probe(fn or case.spec.fn, allocations=policy)
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
+    if guard_inputs:
+        args = [_guarded(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
     try:
         outputs = as_tuple(probed.apply(*forward_args(case, args)))
     except Exception as error:
@@ -147,6 +205,10 @@ def _execute(
         return execution
     make = grad_outputs or (lambda outs: case.grad_outputs(outs))
     execution.grad_outputs = tuple(make(diff_outputs))
+    if guard_inputs:
+        execution.grad_outputs = tuple(
+            _guarded(g, policy.margin, f"grad_output[{i}]", recorder) for i, g in enumerate(execution.grad_outputs)
+        )
     execution.grad_outputs_before = tuple(g.detach().clone() for g in execution.grad_outputs)
     try:
         grads = torch.autograd.grad(
@@ -159,6 +221,15 @@ def _execute(
     if after_backward is not None:
         after_backward(execution)
     return execution
+
+
+def _guarded(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
+    """``value`` moved into a canary-margined buffer (tensors only; the canaries go to ``recorder``)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    copy, canaries = padded_copy(value, margin, label)
+    recorder.canaries.append(canaries)
+    return copy
 
 
 def why_no_backward(execution: Execution) -> str:
@@ -252,7 +323,7 @@ def function_of_tensors(
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
     values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
-    function = probe(fn or case.spec.fn, shield=True)[0]
+    function = probe(fn or case.spec.fn, shield=True, allocations=allocation_policy(case.spec))[0]
 
     def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)

@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["BackwardCall", "Recorder", "probe", "tensors_in", "user_backward_name"]
+from conformance.memory import AllocationPolicy, Allocations, CanaryBuffer
+
+__all__ = ["BackwardCall", "Recorder", "guarded", "probe", "tensors_in", "user_backward_name"]
 
 
 @dataclass
@@ -40,6 +42,10 @@ class Recorder:
     """Every backward call made through one probe class, in order."""
 
     calls: list[BackwardCall] = field(default_factory=list)
+    # Uninitialised allocations the user's forward and backward made (conformance.memory), and
+    # the canary-margined buffers they were placed in when canaries were on.
+    uninitialised_allocations: int = 0
+    canaries: list[CanaryBuffer] = field(default_factory=list)
 
     @property
     def last(self) -> BackwardCall:
@@ -77,18 +83,61 @@ def _clone(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def probe(fn: type[torch.autograd.Function], *, shield: bool = False) -> tuple[type[torch.autograd.Function], Recorder]:
+def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy) -> type[torch.autograd.Function]:
+    """A subclass of ``fn`` that records nothing (so it keeps nothing alive) but runs forward and
+    backward under :class:`conformance.memory.Allocations` like every evaluation: for contracts
+    that must call the Function unprobed (saved_tensors checks what is freed)."""
+    method = user_backward_name(fn)
+    user_backward = getattr(fn, method)
+    user_forward = fn.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with Allocations(allocations.fill, canary_margin=allocations.margin, keep=False):
+            return user_forward(*args, **kwargs)
+
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        with Allocations(allocations.fill, canary_margin=allocations.margin, keep=False):
+            return user_backward(ctx, *grad_outputs)
+
+    namespace = {"forward": staticmethod(forward), method: staticmethod(backward), "__module__": fn.__module__,
+                 "__qualname__": fn.__qualname__, "__doc__": fn.__doc__}
+    return type(fn.__name__, (fn,), namespace)
+
+
+def probe(
+    fn: type[torch.autograd.Function],
+    *,
+    shield: bool = False,
+    allocations: AllocationPolicy | None = None,
+) -> tuple[type[torch.autograd.Function], Recorder]:
     """A recording subclass of ``fn`` and the recorder it writes to.
 
-    The subclass keeps ``fn``'s name, forward, setup_context and flags, so grad_fn names and
-    error messages read as the user's own. With ``shield``, the user's backward receives private
+    The subclass keeps ``fn``'s name, setup_context and flags, so grad_fn names and error
+    messages read as the user's own. With ``shield``, the user's backward receives private
     copies of its grad_outputs (same strides): a backward that writes into grad_output cannot
     change what the caller (gradcheck) passes again -- that write is the inplace contract's
-    finding, not a wrong derivative.
+    finding, not a wrong derivative. With ``allocations``, the user's forward and backward run
+    under :class:`conformance.memory.Allocations`: what they allocate uninitialised is poisoned
+    (or zeroed) and surrounded by canaries, as the policy says.
     """
     recorder = Recorder()
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
+    user_forward = fn.forward
+
+    def allocating(phase: str, call: Any, *args: Any) -> Any:
+        if allocations is None:
+            return call(*args)
+        mode = Allocations(allocations.fill, canary_margin=allocations.margin, phase=phase)
+        try:
+            with mode:
+                return call(*args)
+        finally:
+            recorder.uninitialised_allocations += mode.allocations
+            recorder.canaries.extend(mode.canaries)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return allocating("forward", lambda *a: user_forward(*a, **kwargs), *args)
 
     def recording_backward(ctx: Any, *grad_outputs: Any) -> Any:
         call = BackwardCall()
@@ -112,7 +161,7 @@ def probe(fn: type[torch.autograd.Function], *, shield: bool = False) -> tuple[t
         if shield:
             grad_outputs = tuple(_private(g) for g in grad_outputs)
         try:
-            result = user_backward(ctx, *grad_outputs)
+            result = allocating(method, user_backward, ctx, *grad_outputs)
         except BaseException as error:
             call.error = error
             raise
@@ -120,11 +169,13 @@ def probe(fn: type[torch.autograd.Function], *, shield: bool = False) -> tuple[t
         call.raw = result if isinstance(result, tuple) else (result,)
         return result
 
-    namespace = {
+    namespace: dict[str, Any] = {
         method: staticmethod(recording_backward),
         "__module__": fn.__module__,
         "__qualname__": fn.__qualname__,
         "__doc__": fn.__doc__,
     }
+    if allocations is not None:
+        namespace["forward"] = staticmethod(forward)
     probed = type(fn.__name__, (fn,), namespace)
     return probed, recorder

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import traceback
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from hypothesis.errors import HypothesisException
 
 from conformance.defects import Blocked, ForwardError
 from conformance.expectations import Expectation
-from conformance.global_state import pinned_global_state
+from conformance.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.harness import Execution, why_no_backward
 from conformance.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
 from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
@@ -94,6 +94,7 @@ class RunOptions:
     impl: str = "reference_ops"
     dtypes: tuple[torch.dtype, ...] | None = None
     example_timeout: float | None = DEFAULT_EXAMPLE_TIMEOUT  # seconds per example; None: unbounded
+    threads: int = SUITE_THREADS  # torch's intra-op threads for every evaluation (--threads)
 
     def hypothesis_settings(self) -> settings:
         values = dict(PROFILES[self.profile])
@@ -144,6 +145,11 @@ class Target:
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
         return chosen
+
+    @property
+    def pinned(self) -> Mapping[str, Any]:
+        """torch's global state every example of this test runs under (:mod:`conformance.global_state`)."""
+        return pinned_values(threads=self.options.threads)
 
     def require_float64(self, why: str) -> None:
         """Skip (with the reason) unless the spec lists float64 and ``--dtypes`` keeps it."""
@@ -293,7 +299,7 @@ class Target:
                 # have turned grad mode off at import), it runs under the pinned defaults.
                 with example_deadline(self.example_timeout, phase=phase, stack_file=stack_file) as interrupts:
                     try:
-                        with pinned_global_state():
+                        with pinned_global_state(self.pinned):
                             check(self, recorder)  # type: ignore[arg-type]
                     except KeyboardInterrupt:
                         if interrupts.real:

@@ -22,6 +22,7 @@ import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DEFAULT_IMPL, DEVICE_CHOICES, DTYPE_NAMES
 from conformance.expectations import Expectation, Expectations
+from conformance.global_state import SUITE_THREADS
 from conformance.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
@@ -156,7 +157,12 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
             "CUDA driver and a CUDA build of torch, or pass --device=cpu (or auto)"
         )
     devices = ("cpu", "cuda") if device == "auto" else (device,)
+    threads = _int_setting(config, "conformance_threads", "--threads")
+    threads = SUITE_THREADS if threads is None else threads
+    if threads < 1:
+        raise pytest.UsageError(f"--threads={threads} must be >= 1 (torch intra-op threads per process)")
     options = RunOptions(
+        threads=threads,
         profile=profile,
         max_examples=max_examples,
         seed=seed,
@@ -255,6 +261,7 @@ class ConformanceSession:
         self.is_worker = hasattr(config, "workerinput")
         self.flight: FlightRecorder | None = None
         self.own_flight_dir: Path | None = None  # made (and removed) by this process
+        self.user_threads: int | None = None  # torch's thread count before the run set its own
 
     # ---------------------------------------------------------------- setup
 
@@ -299,6 +306,8 @@ class ConformanceSession:
             config.pluginmanager.register(ForkIsolation(config, self.flight), "autograd-conformance-isolation")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.user_threads is not None:
+            torch.set_num_threads(self.user_threads)
         if self.flight is not None:
             self.flight.close()
         if self.own_flight_dir is not None:
@@ -308,6 +317,10 @@ class ConformanceSession:
         if self.specs is None:
             options = self.ensure_options()
             _prepare_devices(self.config)
+            # Set once for the run (each example pins it too, but then finds it already right:
+            # torch.set_num_threads costs ~0.1 ms); pytest_unconfigure puts the user's back.
+            self.user_threads = torch.get_num_threads()
+            torch.set_num_threads(options.threads)
             # Like pytest's `pythonpath`: an uninstalled project's modules import from where it runs.
             search = [Path(self.config.invocation_params.dir), Path(self.config.rootpath)]
             try:
@@ -579,6 +592,8 @@ def rerun_command(config: pytest.Config, item: pytest.Item, options: RunOptions,
         parts.append(f"--max-examples={options.max_examples}")
     if options.dtypes is not None:
         parts.append("--dtypes=" + ",".join(str(d).removeprefix("torch.") for d in options.dtypes))
+    if options.threads != SUITE_THREADS:
+        parts.append(f"--threads={options.threads}")  # a parallel reduction's order follows it
     return shlex.join(parts)
 
 

@@ -199,6 +199,7 @@ class Spec:
     tolerances: Mapping[torch.dtype, Mapping[str, float]] = field(default_factory=dict)
     waivers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None  # seconds per example; None: the run's --example-timeout
+    saves: SavesPromise | None = None  # what forward may keep for backward (the saved_memory contract)
     origin: str = "__main__"
     source_file: str = ""
     registered_at: str = ""
@@ -241,9 +242,16 @@ class Spec:
         return f"<conformance spec {self.name!r}: {self.fn.__module__}.{self.fn.__qualname__}>"
 
 
+# What a Function promises to keep for backward (register(..., saves=)): only its inputs'
+# storages; its inputs' and outputs'; or, as a callable of the input tensors by name, how many
+# bytes it may keep beyond those (e.g. flash attention's log-sum-exp: batch x heads x rows x 4).
+SAVES_CHOICES = ("inputs", "inputs_and_outputs")
+SavesPromise = Union[str, Callable[[Mapping[str, torch.Tensor]], int]]
+
 # Contracts a spec may waive with a stated reason (register(..., waivers={name: reason})): findings
-# about efficiency, never about correctness.
-WAIVABLE = ("unneeded_grads",)
+# about efficiency, and unwritten_memory for a Function that deliberately returns uninitialised
+# padding (the waiver also turns poisoned allocations off for that Function).
+WAIVABLE = ("unneeded_grads", "unwritten_memory")
 
 # Default k (error multiplier against the same-dtype reference) and the hard cap on overrides.
 DEFAULT_TOLERANCES = {"output": 2.0, "grad": 3.0}
@@ -288,6 +296,7 @@ def register(
     tolerances: Mapping[torch.dtype, Mapping[str, float]] | None = None,
     waivers: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    saves: SavesPromise | None = None,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
 
@@ -310,6 +319,7 @@ def register(
         tolerances=tolerances or {},
         waivers=waivers or {},
         timeout=timeout,
+        saves=saves,
         origin=origin,
         registered_at=registered_at,
     )
@@ -369,6 +379,7 @@ def _build_spec(
     origin: str,
     waivers: Any = None,
     timeout: Any = None,
+    saves: Any = None,
     registered_at: str = "",
 ) -> Spec:
     shown = str(spec_name)
@@ -491,6 +502,12 @@ def _build_spec(
 
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf):
         raise fail("timeout", f"must be a positive number of seconds per example (or None), got {timeout!r}")
+    if saves is not None and not callable(saves) and saves not in SAVES_CHOICES:
+        raise fail(
+            "saves",
+            f"must be one of {SAVES_CHOICES} or a callable (input tensors by name -> bytes allowed beyond the "
+            f"inputs and outputs), got {saves!r}",
+        )
 
     return Spec(
         fn=fn,
@@ -506,6 +523,7 @@ def _build_spec(
         tolerances={dtype: dict(ks) for dtype, ks in tolerances.items()},
         waivers=dict(waivers),
         timeout=float(timeout) if timeout is not None else None,
+        saves=saves,
         origin=origin,
         registered_at=registered_at,
         source_file=_source_file(fn),

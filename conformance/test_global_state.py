@@ -64,7 +64,7 @@ def _run(target: Target, case: Case, seed: int) -> _Run:
 
     def after_forward(_: Execution) -> None:
         seen["forward"] = snapshot()
-        pin(rng=False)
+        pin(target.pinned, rng=False)
 
     def after_backward(execution: Execution) -> None:
         if execution.recorder.calls:
@@ -84,7 +84,7 @@ def _show(value: Any) -> str:
 
 
 def _check_flags(target: Target, state: Snapshot, phase: str) -> None:
-    changed = differences(state)
+    changed = differences(state, target.pinned)
     if not changed:
         return
     name, now, pinned = changed[0]

@@ -17,7 +17,17 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.harness import FD_EPS, FD_SPACING, NONDET_TOL, as_tuple, function_of_tensors, preflight, run_reference
+from conformance.harness import (
+    FD_EPS,
+    FD_SPACING,
+    NONDET_TOL,
+    allocation_policy,
+    as_tuple,
+    function_of_tensors,
+    preflight,
+    run_reference,
+)
+from conformance.probe import guarded
 from conformance.report import fail
 from conformance.runner import Target
 
@@ -47,7 +57,8 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
 
     wrt_tensors = tuple(args[i] for i in wrt_positions)
     with torch.no_grad():
-        out_numel = sum(o.numel() for o in as_tuple(fn.apply(*case.args(dtype=torch.float64, requires_grad=set()))) if isinstance(o, torch.Tensor))
+        plain = case.args(dtype=torch.float64, requires_grad=set())
+        out_numel = sum(o.numel() for o in as_tuple(guarded(fn, allocation_policy(case.spec)).apply(*plain)) if isinstance(o, torch.Tensor))
     in_numel = sum(t.numel() for t in wrt_tensors)
     fast = in_numel + out_numel > FAST_MODE_ELEMENTS
     atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)

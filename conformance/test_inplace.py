@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.harness import as_tuple, differentiable_positions, forward_args, preflight
+from conformance.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, preflight
 from conformance.probe import BackwardCall, probe
 from conformance.report import describe_value, fail
 from conformance.runner import Target
@@ -128,7 +128,7 @@ def _check_once(target: Target, case: Case) -> None:
     spec = target.spec
     fn_name = spec.fn.__qualname__
     mutated = set(spec.mutates)
-    probed, recorder = probe(spec.fn)
+    probed, recorder = probe(spec.fn, allocations=allocation_policy(spec))
     leaves = case.args()
     args = forward_args(case, leaves)
     names = [r.name for r in case.recipes]

@@ -21,19 +21,22 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.defects import require_sound
-from conformance.harness import as_tuple, differentiable_positions, execute, forward_args
+from conformance.harness import allocation_policy, as_tuple, differentiable_positions, execute, forward_args
+from conformance.probe import guarded
 from conformance.report import fail
 from conformance.runner import Target
 from strategies.cases import Case
 
 
 def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list[str]]:
-    """Run forward and backward with the plain (unprobed) Function, drop everything, keep weakrefs.
+    """Run forward and backward with the unprobed Function (guarded, recording nothing), drop
+    everything, keep weakrefs.
 
     Runs in its own frame so that no local of the caller keeps a tensor alive.
     """
     leaves = case.args()
-    outputs = as_tuple(case.spec.fn.apply(*forward_args(case, leaves)))
+    function = guarded(case.spec.fn, allocation_policy(case.spec))
+    outputs = as_tuple(function.apply(*forward_args(case, leaves)))
     positions = differentiable_positions(outputs)
     wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
     refs: list[weakref.ref[Any]] = []

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from conformance.defects import require_sound
 from conformance.harness import (
+    allocation_policy,
     as_tuple,
     differentiable_positions,
     execute,
@@ -60,7 +61,7 @@ def _grads(
     case: Case, used: tuple[int, ...], *, zeros_for_unused: bool
 ) -> tuple[list[torch.Tensor | None], BackwardCall | None, BaseException | None]:
     """Forward, then backward through ``used`` outputs (or all, with zeros for the others)."""
-    probed, recorder = probe(case.spec.fn)
+    probed, recorder = probe(case.spec.fn, allocations=allocation_policy(case.spec))
     leaves = case.args()
     with fixed_rng(case.grad_seed, case.device):  # Functions drawing random numbers draw the same ones
         outputs = as_tuple(probed.apply(*forward_args(case, leaves)))

@@ -98,6 +98,7 @@ register(
     ],
     reference=_sdpa_reference,
     dtypes=ALL_FLOATS,
+    saves="inputs",  # backward recomputes the probabilities
 )
 register(
     ScaledDotProductAttention,
@@ -105,7 +106,13 @@ register(
     inputs=[Tensor("q", "*batch n_q d"), Tensor("k", "*batch n_k d"), Tensor("v", "*batch n_k e"), Scalar("mask", None)],
     reference=_sdpa_reference,
     dtypes=ALL_FLOATS,
+    saves="inputs",  # backward recomputes the probabilities
 )
+
+
+def _log_sum_exp_bytes(q: torch.Tensor) -> int:
+    """Bytes of one log-sum-exp per query row, in the accumulation dtype."""
+    return q[..., 0].numel() * upcast(q[..., :1]).element_size()
 
 
 class FlashAttention(torch.autograd.Function):
@@ -180,4 +187,5 @@ register(
     reference=lambda q, k, v, block_k: _sdpa_reference(q, k, v, None),
     dtypes=ALL_FLOATS,
     double_backward=False,
+    saves=lambda t: _log_sum_exp_bytes(t["q"]),  # beyond q, k, v and the output: one number per query row
 )

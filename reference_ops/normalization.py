@@ -75,6 +75,7 @@ register(
     inputs=[Tensor("x", "*batch d"), Tensor("weight", "d"), Tensor("bias", "d"), Scalar("eps", 1e-5)],
     reference=lambda x, weight, bias, eps: torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps),
     dtypes=ALL_FLOATS,
+    saves="inputs",  # backward recomputes the statistics
 )
 
 
@@ -110,6 +111,7 @@ register(
     inputs=[Tensor("x", "*batch d"), Tensor("weight", "d"), Scalar("eps", 1e-6)],
     reference=lambda x, weight, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight,
     dtypes=ALL_FLOATS,
+    saves="inputs",  # backward recomputes the statistics
 )
 
 _BN_DIMS = (0, 2)  # per channel: statistics over the batch and length dims of (N, C, L)
@@ -158,4 +160,5 @@ register(
     inputs=[Tensor("x", "n c l"), Scalar("eps", 1e-5)],
     reference=_batch_norm_reference,
     dtypes=ALL_FLOATS,
+    saves="inputs",  # backward recomputes the statistics
 )

@@ -21,7 +21,7 @@ from tests.conftest import ZOO
 
 REPO = Path(__file__).resolve().parent.parent
 CONTRACTS = "return_count,gradcheck,global_state"
-TIMEOUT = 5  # seconds per example: well above a first example's lazy imports, far below a hang
+TIMEOUT = 10  # seconds per example: well above a first example's lazy imports on a loaded 2-core machine (5 s was once exceeded under -n 2 with other load), far below a hang
 
 # What each hostile Function's gradcheck failure must say (its summary line).
 EXPECTED: dict[str, str | tuple[str, ...]] = {
@@ -62,10 +62,10 @@ def test_hostile_functions_fail_and_the_run_goes_on(tmp_path: Path, mode: tuple[
         assert any(s in result["reason"] for s in alternatives), (name, result["reason"])
         assert "case:" in result["message"], (name, result["message"])  # the example it died on
         assert "rerun:" in result["message"], (name, result["message"])
-    assert results[("scaled_tanh", "gradcheck")]["outcome"] == "passed"
-    assert results[("scaled_tanh", "global_state")]["outcome"] == "passed"
-    assert results[("leaks_default_dtype", "global_state")]["outcome"] == "failed"
-    assert results[("leaks_default_dtype", "gradcheck")]["outcome"] == "passed"
+    assert results[("scaled_tanh", "gradcheck")]["outcome"] == "passed", results[("scaled_tanh", "gradcheck")]["message"][-1500:]
+    assert results[("scaled_tanh", "global_state")]["outcome"] == "passed", results[("scaled_tanh", "global_state")]["message"][-1500:]
+    assert results[("leaks_default_dtype", "global_state")]["outcome"] == "failed", results[("leaks_default_dtype", "global_state")]["message"][-1500:]
+    assert results[("leaks_default_dtype", "gradcheck")]["outcome"] == "passed", results[("leaks_default_dtype", "gradcheck")]["message"][-1500:]
     native = results[("hangs_natively", "gradcheck")]["message"]
     assert "hostile.py" in native, native  # where it hung: from the frames or faulthandler's dump
 

@@ -125,7 +125,7 @@ def test_same_file_as_path_and_module_is_one_set_of_specs(pytester: pytest.Pytes
     )
     assert result.ret == pytest.ExitCode.OK, result.errlines
     collected = [line for line in result.outlines if "::test_" in line]
-    assert len(collected) == len({line.split("::")[0] for line in collected}) == 15, collected
+    assert len(collected) == len({line.split("::")[0] for line in collected}) == len(list(CONFORMANCE_DIR.glob("test_*.py"))), collected
     assert all(line.endswith("[twice-cpu]") for line in collected), collected
 
 

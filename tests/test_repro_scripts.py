@@ -34,6 +34,7 @@ ZOO_RUNS = {
     "grad_and_memory_bugs": ("grad_and_memory_bugs.py", (), (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
     "global_state_bugs": ("global_state_bugs.py", (), ("global_state",), 4),
     "gradcheck_bugs": ("gradcheck_bugs.py", (), ("gradcheck",), 3),
+    "memory_bugs": ("memory_bugs.py", (), (), 8),
     "numeric_bugs": ("numeric_bugs.py", (), NUMERIC, 4),
     "real_world_bugs": ("real_world_bugs.py", (), (), 8),
     "transposed_grad_output_bugs": ("transposed_grad_output_bugs.py", (), ("inplace", "reference"), 3),

@@ -18,6 +18,8 @@ from tests.conftest import CONFORMANCE_DIR, ZOO
 CONTRACTS = sorted(p.stem.removeprefix("test_") for p in CONFORMANCE_DIR.glob("test_*.py"))
 BACKWARD = ("return_count", "grad_meta", "saved_tensors", "gradcheck", "gradgradcheck")
 NO_DIFFERENTIABLE_INPUT = "declares no differentiable input"
+NO_SAVES_PROMISE = "makes no promise about what forward keeps for backward"
+NOTHING_ALLOCATED = "made no uninitialised allocation"
 SINGLE_OUTPUT = "has a single output"
 CPU_ID = "devices compares cpu against cuda"
 
@@ -25,7 +27,9 @@ CPU_ID = "devices compares cpu against cuda"
 def _broken_forward(kind: str) -> dict[str, tuple[str, str]]:
     owner = ("failed", f"forward returned {kind}")
     blocked = ("blocked", f"blocked by return_count: forward returned {kind}")
-    return {c: owner if c == "return_count" else ("n/a", CPU_ID) if c == "devices" else blocked for c in CONTRACTS}
+    verdicts = {c: owner if c == "return_count" else ("n/a", CPU_ID) if c == "devices" else blocked for c in CONTRACTS}
+    verdicts["saved_memory"] = ("n/a", NO_SAVES_PROMISE)  # decided from the spec, before any example
+    return verdicts
 
 
 def _no_differentiable_input(*checked: str, why: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -34,6 +38,9 @@ def _no_differentiable_input(*checked: str, why: dict[str, str]) -> dict[str, tu
     verdicts["unneeded_grads"] = ("n/a", "so no gradient can be unneeded")
     verdicts["undefined_grads"] = ("n/a", SINGLE_OUTPUT)
     verdicts["devices"] = ("n/a", CPU_ID)
+    verdicts["saved_memory"] = ("n/a", NO_SAVES_PROMISE)
+    verdicts["unwritten_memory"] = ("n/a", NOTHING_ALLOCATED)
+    verdicts["out_of_bounds"] = ("passed", "")  # forward's inputs sat between canaries
     verdicts.update({c: ("n/a", reason) for c, reason in why.items()})
     return verdicts
 
@@ -44,6 +51,7 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         **{c: ("failed", "backward raised NotImplementedError, but should return gradients") for c in CONTRACTS},
         "undefined_grads": ("n/a", SINGLE_OUTPUT),
         "devices": ("n/a", CPU_ID),
+        "saved_memory": ("n/a", NO_SAVES_PROMISE),
     },
     "forward_returns_list": _broken_forward("a list [Tensor("),
     "forward_returns_dict": _broken_forward("a dict {'y': Tensor("),

@@ -2,7 +2,8 @@
 
 ``reference_twin(spec)`` is a Function whose forward is the spec's reference and whose backward
 is autograd through the reference, recomputed from the saved inputs (checkpoint style, so
-double backward works and nothing but inputs is saved). It is what a buggy Function should
+double backward works and nothing but inputs is saved; gradients are written into
+``torch.empty_like`` buffers like a kernel's). It is what a buggy Function should
 have been, so a repro script replayed against it must pass.
 """
 
@@ -54,7 +55,9 @@ def reference_twin(spec: Spec) -> type[torch.autograd.Function]:
                     allow_unused=True, create_graph=create_graph,
                 )
                 for (position, leaf), grad in zip(wrt, got):
-                    result[position] = torch.zeros_like(leaf) if grad is None else grad
+                    # Stored into a fresh torch.empty_like buffer, as a kernel would: every element
+                    # written, so the twin is checked (not n/a) by unwritten_memory too.
+                    result[position] = torch.zeros_like(leaf) if grad is None else torch.empty_like(grad).copy_(grad)
             return tuple(result)
 
     if not spec.double_backward:

@@ -123,4 +123,5 @@ register(
     dtypes=kernel_dtypes(_gated_fwd),
     devices=kernel_devices(_gated_fwd),
     double_backward=False,
+    saves="inputs",
 )

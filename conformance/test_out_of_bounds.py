@@ -1,0 +1,58 @@
+"""Contract out_of_bounds: forward and backward write only inside the tensors they write.
+
+An unmasked tail store (``mask=offs <= n``, a grid rounded up without a mask) lands in the
+neighbouring buffer without any error on CPU, under the Triton interpreter, and usually on CUDA.
+Here every tensor input and grad_output, and every uninitialised buffer the Function allocates,
+sits inside a larger buffer whose margins (:data:`MARGIN` elements each side) hold canary values
+(:mod:`conformance.memory`); a changed canary after forward or after backward is a failure that
+says whose margin and how far past its end.
+
+What it cannot see: a write more than ``MARGIN`` elements away, into memory that is not a
+margin (a crash or silent corruption elsewhere); writes into the gaps of a non-contiguous
+tensor's own span; buffers torch allocates inside a native op.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance.defects import require_sound
+from conformance.harness import Execution, execute, random_state
+from conformance.memory import MARGIN
+from conformance.report import fail
+from conformance.runner import Target
+
+
+def _damage(execution: Execution) -> list[str]:
+    return [found for found in (c.damage() for c in execution.recorder.canaries) if found]
+
+
+def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data)
+    after_forward: list[str] = []
+
+    def look_after_forward(execution: Execution) -> None:
+        after_forward.extend(_damage(execution))
+
+    with random_state(case.spec, case):
+        execution = execute(case, guard_inputs=True, after_forward=look_after_forward)
+    fn_name = case.spec.fn.__qualname__
+    phase, found = "forward", after_forward
+    if not found:
+        phase, found = "backward", _damage(execution)
+    if found:
+        fail(
+            f"{found[0]}, but should write only inside it [{fn_name}.{phase}]",
+            f"Also: {'; '.join(found[1:])}." if found[1:] else "",
+            f"Every input, grad_output and uninitialised allocation of the Function sat inside a buffer with "
+            f"{MARGIN} canary elements either side; {phase} changed some of them. On a GPU such a write corrupts "
+            "whatever tensor happens to live next door, silently.",
+            "Usual causes: a store mask that admits one element too many (offs <= n), a launch grid rounded up "
+            "without a mask on the store, strides or an offset computed for a bigger tensor.",
+        )
+    require_sound(target.contract, execution)
+    target.checked()
+
+
+def test_out_of_bounds(conformance_target: Target) -> None:
+    conformance_target.run(check_out_of_bounds)

@@ -1,0 +1,89 @@
+"""Contract saved_memory: forward keeps for backward no more than the spec promises.
+
+A flash attention exists to not keep the N x N probabilities (only the row log-sum-exp); a
+checkpointed op promises to keep only its inputs. ``register(..., saves=...)`` states the
+promise: ``"inputs"``, ``"inputs_and_outputs"``, or a callable of the input tensors by name
+returning the bytes allowed beyond the inputs and outputs. After forward, everything the
+Function holds for backward -- ``ctx.save_for_backward`` tensors and tensors stored on ``ctx`` --
+is measured by storage (a saved slice keeps its whole base alive; inputs' and outputs' storages
+are free where the promise says so), and the total compared with the promise. n/a without a
+promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.defects import require_sound
+from conformance.harness import Execution, execute, random_state
+from conformance.memory import SavedStorage, saved_storages
+from conformance.probe import tensors_in
+from conformance.report import fail
+from conformance.runner import Target
+
+NO_PROMISE = (
+    "the spec makes no promise about what forward keeps for backward; declare one with register(..., "
+    "saves='inputs' | 'inputs_and_outputs' | callable(inputs by name) -> bytes beyond inputs and outputs)"
+)
+
+
+def _kept(ctx: object) -> list[tuple[str, torch.Tensor]]:
+    kept = [(f"save_for_backward[{i}]", t) for i, t in enumerate(ctx.saved_tensors)]  # type: ignore[attr-defined]
+    for name, value in vars(ctx).items():
+        if not name.startswith("_"):
+            kept.extend((f"ctx.{name}", t) for t in tensors_in(value))
+    return kept
+
+
+def _describe(storages: Sequence[SavedStorage]) -> str:
+    largest = sorted(storages, key=lambda s: s.nbytes, reverse=True)[:5]
+    return "; ".join(f"{s.where}: {s.shape} {str(s.dtype).removeprefix('torch.')}, {s.nbytes} bytes" for s in largest)
+
+
+def check_saved_memory(target: Target, data: st.DataObject) -> None:
+    spec = target.spec
+    case = target.draw_case(data)
+    measured: dict[str, list[SavedStorage]] = {}
+
+    def measure(execution: Execution) -> None:
+        if not execution.diff_positions:
+            return
+        ctx = execution.outputs[execution.diff_positions[0]].grad_fn
+        inputs = [a for a in execution.args if isinstance(a, torch.Tensor)]
+        outputs = [o for o in execution.outputs if isinstance(o, torch.Tensor)]
+        free = inputs if spec.saves == "inputs" else inputs + outputs
+        measured["extra"] = list(saved_storages(_kept(ctx), free=free, canaries=execution.recorder.canaries))
+
+    with random_state(spec, case):
+        execution = execute(case, backward=False, after_forward=measure)
+    require_sound(target.contract, execution)
+    if "extra" not in measured:
+        target.not_checked("no output of forward requires grad in the examples drawn, so nothing is kept for backward")
+        return
+    extra = measured["extra"]
+    kept = sum(s.nbytes for s in extra)
+    if callable(spec.saves):
+        named = {r.name: a for r, a in zip(case.recipes, execution.args) if isinstance(a, torch.Tensor)}
+        allowed = int(spec.saves(named))
+        promise = f"saves=<callable> allows the inputs, the outputs and {allowed} bytes more"
+    else:
+        allowed = 0
+        promise = f"saves={spec.saves!r} allows " + ("the inputs only" if spec.saves == "inputs" else "the inputs and outputs only")
+    target.checked()
+    if kept > allowed:
+        fail(
+            f"saved_bytes={kept}, but should be <= {allowed} [{spec.fn.__qualname__}.forward]",
+            f"The promise: {promise}. forward keeps besides those: {_describe(extra)}.",
+            "Sizes are of whole storages: a saved view keeps its base alive. Save only what the promise allows "
+            "(e.g. the log-sum-exp per row, not the probabilities) and recompute the rest in backward, or correct "
+            "the promise.",
+        )
+
+
+def test_saved_memory(conformance_target: Target) -> None:
+    if conformance_target.spec.saves is None:
+        conformance_target.not_applicable(NO_PROMISE)
+    conformance_target.run(check_saved_memory)

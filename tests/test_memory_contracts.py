@@ -1,0 +1,153 @@
+"""The memory contracts: unwritten_memory (poisoned allocations), out_of_bounds (canaries) and
+saved_memory (the saves= promise), on kernel-style zoo Functions and their correct twins."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from conformance.memory import Allocations, padded_copy, saved_storages, unwritten_elements
+from tests.conftest import ZOO
+
+MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
+
+
+@pytest.fixture
+def memory_zoo(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "memory_bugs.py", max_examples=8)
+
+
+def _only_failure(run, name: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Contracts ``name`` failed; every other verdict is passed, n/a or "blocked by" the failure."""
+    failed = sorted(c for (c, fn, d), v in run.verdicts.items() if fn == name and d == "cpu" and v.outcome == "failed")
+    for (contract, fn, device), verdict in run.verdicts.items():
+        if fn == name and device == "cpu" and verdict.outcome == "skipped" and "blocked by" in verdict.text:
+            assert any(f"blocked by {owner}" in verdict.text for owner in failed), (contract, verdict.text)
+    return failed
+
+
+def test_unwritten_tail_of_a_gradient_fails_unwritten_memory_only(memory_zoo) -> None:  # type: ignore[no-untyped-def]
+    assert _only_failure(memory_zoo, "tail_unwritten_grad") == ["unwritten_memory"]
+    text = memory_zoo.failed("unwritten_memory", "tail_unwritten_grad")
+    assert "=NaN from a poisoned allocation, but should be written by TailUnwrittenGrad.backward" in text
+    assert "elements never written" in text and "numel // BLOCK instead of cdiv(numel, BLOCK)" in text
+    # The numerical contracts would have seen NaN; they say which finding blocks them instead.
+    for contract in ("gradcheck", "reference", "stability"):
+        assert "blocked by unwritten_memory" in memory_zoo.verdict(contract, "tail_unwritten_grad").text
+
+
+def test_correct_blocked_kernel_is_checked_and_passes(memory_zoo) -> None:  # type: ignore[no-untyped-def]
+    assert _only_failure(memory_zoo, "blocked_scale") == []
+    memory_zoo.passed("unwritten_memory", "blocked_scale")  # checked: it allocates with empty_like
+    memory_zoo.passed("out_of_bounds", "blocked_scale")
+    assert memory_zoo.outcome("saved_memory", "blocked_scale") == "skipped"  # n/a: no saves= promise
+
+
+def test_attention_saving_probabilities_breaks_its_saves_promise(memory_zoo) -> None:  # type: ignore[no-untyped-def]
+    assert _only_failure(memory_zoo, "attention_saves_probs") == ["saved_memory"]
+    text = memory_zoo.failed("saved_memory", "attention_saves_probs")
+    assert "saved_bytes=" in text and "but should be <= " in text and "[AttentionSavesProbs.forward]" in text
+    assert "save_for_backward[4]:" in text  # the probabilities, named with their shape and size
+    assert "saves=<callable> allows the inputs, the outputs and" in text
+
+
+def test_attention_keeping_only_the_log_sum_exp_keeps_its_promise(memory_zoo) -> None:  # type: ignore[no-untyped-def]
+    assert _only_failure(memory_zoo, "attention_lse") == []
+    memory_zoo.passed("saved_memory", "attention_lse")
+    # Pure torch ops write everything they return: nothing to poison, said so.
+    verdict = memory_zoo.verdict("unwritten_memory", "attention_lse")
+    assert verdict.outcome == "skipped" and "made no uninitialised allocation" in verdict.text
+
+
+def _blocked_scale_grad(fill: str) -> torch.Tensor:
+    from tests.zoo.memory_bugs import _blocked_scale
+
+    with Allocations(fill, canary_margin=16):  # type: ignore[arg-type]
+        return _blocked_scale(torch.ones(2, 13, dtype=torch.float64), 3.0, drop_tail=True)
+
+
+def test_poison_finds_the_tail_a_zero_filled_buffer_hides(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    zeroed = _blocked_scale_grad("zeros")
+    assert torch.isfinite(zeroed).all() and (zeroed[-1, -2:] == 0).all()  # plausible-looking zeros
+    poisoned = _blocked_scale_grad("poison")
+    found = unwritten_elements([("grad['x']", poisoned)], {"grad['x']": zeroed})
+    assert len(found) == 1 and found[0].count == 26 % 8 and found[0].index == (1, 11), found
+
+
+def test_a_nan_the_function_computes_is_not_unwritten() -> None:
+    computed = torch.tensor([float("nan"), 1.0])
+    assert unwritten_elements([("output[0]", computed)], {"output[0]": computed.clone()}) == []
+
+
+def test_canaries_report_writes_past_the_end_and_before_the_start() -> None:
+    x = torch.arange(6.0).reshape(2, 3)
+    copy, canaries = padded_copy(x, 8, "input 'x'")
+    assert torch.equal(copy, x) and copy.stride() == x.stride() and canaries.damage() is None
+    canaries.buffer[8 + 6 + 2] = 0.0  # three past the last element
+    canaries.buffer[7] = -1.0  # one before the first
+    report = canaries.damage()
+    assert report is not None
+    assert "wrote 1 element(s) past the end of input 'x' (element offsets after its last element: +2)" in report
+    assert "wrote 1 element(s) before the start of input 'x' (element offsets before its first element: -1)" in report
+
+
+def test_saved_bytes_count_whole_storages_once_and_skip_free_ones() -> None:
+    base = torch.zeros(10, 10)
+    x = torch.zeros(4)
+    kept = [("save_for_backward[0]", x), ("save_for_backward[1]", base[0]), ("ctx.again", base[1:3])]
+    storages = list(saved_storages(kept, free=[x]))
+    assert [(s.where, s.nbytes) for s in storages] == [("save_for_backward[1]", 400)]
+
+
+def test_saves_promise_is_validated(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    from conformance import SpecError, Tensor, register
+    from tests.zoo.memory_bugs import BlockedScale
+
+    with pytest.raises(SpecError, match="saves"):
+        register(BlockedScale, name="bad_saves", inputs=[Tensor("x", "n")], reference=lambda x: 3 * x, saves="everything")
+
+
+def test_waiving_unwritten_memory_turns_poisoning_off(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    from conformance import Tensor, register
+    from conformance.harness import allocation_policy
+    from conformance.spec import registered
+    from tests.zoo.memory_bugs import BlockedScale
+
+    register(BlockedScale, name="padding_kept", inputs=[Tensor("x", "n")], reference=lambda x: 3 * x,
+             waivers={"unwritten_memory": "returns uninitialised padding by design"})
+    spec = next(s for s in registered() if s.name == "padding_kept")
+    policy = allocation_policy(spec)
+    assert policy.fill is None and policy.margin > 0  # canary margins stay: they keep the heap safe
+
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (pip install 'autograd-conformance[triton]')")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1", reason="CPU interpreter run")
+def test_triton_kernel_storing_past_the_end_fails_out_of_bounds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Own process, as tests/test_triton_kernels.py explains (interpreted kernels under pytester).
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import CONFORMANCE_DIR
+
+    report = tmp_path / "memory"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", str(CONFORMANCE_DIR), f"--impl={ZOO / 'triton_memory_bugs.py'}", "--device=cpu",
+         "--max-examples=6", "-p", "no:cacheprovider", "-q", f"--conformance-report={report}"],
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+    cells = {(c["contract"], c["function"]): c for c in json.loads(report.with_suffix(".json").read_text())["results"]}
+    failed = sorted((c, f) for (c, f), cell in cells.items() if cell["outcome"] == "failed")
+    assert failed == [("out_of_bounds", "triton_store_past_end"), ("unwritten_memory", "triton_unwritten_tail")], failed
+    text = cells[("out_of_bounds", "triton_store_past_end")]["message"]
+    assert "wrote 1 element(s) past the end of a buffer from empty_like" in text
+    assert "but should write only inside it [StorePastEnd.forward]" in text
+    # Every other contract of the twin and of the out-of-bounds kernel ran to a verdict: the
+    # margins kept the stray store away from the allocator, so nothing crashed.
+    assert all(cells[(c, "triton_scale")]["outcome"] in ("passed", "not_applicable") for c, f in cells if f == "triton_scale")
+    assert cells[("unwritten_memory", "triton_scale")]["outcome"] == "passed"
+    assert cells[("gradcheck", "triton_store_past_end")]["outcome"] == "passed"

@@ -1,0 +1,109 @@
+"""Triton kernels with memory defects, each beside its correct twin.
+
+* ``triton_store_past_end``: the forward kernel's store mask is ``offsets <= numel`` (one too
+  many), so the last program writes one element past the end of the output buffer, into
+  whatever lives next to it. The values returned are right. ``triton_scale`` masks with ``<``.
+* ``triton_unwritten_tail``: the backward allocates grad_x with ``torch.empty_like`` and launches
+  ``numel // BLOCK`` programs without a tail mask, so the last partial block is never written.
+
+Run with ``--impl=tests/zoo/triton_memory_bugs.py``; without CUDA the plugin selects the
+interpreter before this file is imported (it writes out of bounds into torch memory, like a GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from conformance import Tensor, register
+
+BLOCK = 8  # small: interpreted programs cost milliseconds each
+
+
+def kernel_devices(kernel: Any) -> tuple[str, ...]:
+    """The interpreter runs CPU tensors; a natively compiled kernel needs CUDA ones."""
+    return ("cpu", "cuda") if type(kernel).__name__ == "InterpretedFunction" else ("cuda",)
+
+
+def launch_grid(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+    if all(g > 0 for g in grid):
+        kernel[grid](*args, **meta)
+
+
+@triton.jit
+def _scale(x_ptr, y_ptr, numel, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < numel, other=0.0)
+    tl.store(y_ptr + offsets, x * FACTOR, mask=offsets < numel)
+
+
+@triton.jit
+def _scale_store_past_end(x_ptr, y_ptr, numel, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < numel, other=0.0)
+    tl.store(y_ptr + offsets, x * FACTOR, mask=offsets <= numel)  # BUG: one element too many
+
+
+@triton.jit
+def _scale_no_tail(x_ptr, y_ptr, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # BUG: no mask; grid drops the tail
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets) * FACTOR)
+
+
+def _launch(kernel: Any, x: torch.Tensor, *, full_grid: bool = True) -> torch.Tensor:
+    x1 = x.detach().contiguous()
+    y = torch.empty_like(x1)
+    if full_grid:
+        launch_grid(kernel, (triton.cdiv(x1.numel(), BLOCK),), x1, y, x1.numel(), FACTOR=2.0, BLOCK=BLOCK)
+    else:
+        launch_grid(kernel, (x1.numel() // BLOCK,), x1, y, FACTOR=2.0, BLOCK=BLOCK)
+    return y.view(x.shape)
+
+
+class TritonScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale, x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale, grad_output)
+
+
+class StorePastEnd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale_store_past_end, x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale, grad_output)
+
+
+class UnwrittenTail(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale, x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale_no_tail, grad_output, full_grid=False)
+
+
+for fn, name in ((TritonScale, "triton_scale"), (StorePastEnd, "triton_store_past_end"), (UnwrittenTail, "triton_unwritten_tail")):
+    register(
+        fn,
+        name=name,
+        inputs=[Tensor("x", "*batch n")],
+        reference=lambda x: x * 2.0,
+        dtypes=(torch.float64, torch.float32),
+        devices=kernel_devices(_scale),
+        double_backward=False,
+    )

@@ -178,6 +178,12 @@ class Allocations(TorchDispatchMode):
         self.phase = phase
         self.canaries: list[CanaryBuffer] = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which imports
+        # torch._dynamo (2.1 s, on every process's first evaluation). This mode compiles nothing.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func not in UNINITIALISED or not isinstance(out, torch.Tensor) or out.is_meta:

@@ -143,3 +143,53 @@ def test_no_hypothesis_folder_in_the_project(pytester: pytest.Pytester, monkeypa
     assert not (pytester.path / ".hypothesis").exists()
     if cacheprovider:
         assert any((pytester.path / ".pytest_cache" / "d" / "autograd-conformance-hypothesis").rglob("*"))
+
+
+THREAD_SPEC = textwrap.dedent(
+    """
+    import torch
+    from conformance import Tensor, register
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with open("threads_seen.txt", "a") as seen:
+                seen.write(f"{torch.get_num_threads()}\\n")
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    register(Twice, name="threads_seen", inputs=[Tensor("x", "n")], reference=lambda x: x * 2)
+    """
+)
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_evaluations_run_with_the_suite_thread_count_and_the_user_setting_comes_back(
+    pytester: pytest.Pytester, threads: int | None
+) -> None:
+    import torch
+
+    pytester.makepyfile(threads_ops=THREAD_SPEC)
+    user = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        option = [] if threads is None else [f"--threads={threads}"]
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE_DIR), "--impl=threads_ops", "--device=cpu", "--max-examples=2", "-p", "no:cacheprovider",
+            "--contracts=reference,global_state,determinism", *option,
+        )
+        assert result.ret == pytest.ExitCode.OK, result.outlines[-20:] + result.errlines
+        assert torch.get_num_threads() == 3  # the user's setting, put back when the run ended
+    finally:
+        torch.set_num_threads(user)
+    seen = set((pytester.path / "threads_seen.txt").read_text().split())
+    assert seen == {str(threads or 1)}, seen  # in every evaluation, whatever the user had set
+
+
+def test_threads_must_be_positive(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), "--threads=0", "--device=cpu", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--threads=0 must be >= 1" in result.stderr.str()

@@ -30,7 +30,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.defects import require_sound
-from conformance.global_state import RngStates, Snapshot, differences, pin, rng_states, snapshot
+from conformance.global_state import RngStates, Snapshot, differences, pin, rng_states, seed_all, snapshot
 from conformance.harness import Execution, execute
 from conformance.report import fail
 from conformance.runner import Target
@@ -58,7 +58,7 @@ class _Run:
 def _run(target: Target, case: Case, seed: int) -> _Run:
     """Forward and backward from the pinned state with the RNG seeded with ``seed``; the flags
     are pinned again between them, so each is judged on its own."""
-    torch.manual_seed(seed)
+    seed_all(seed)
     start = rng_states()
     seen: dict[str, Snapshot] = {}
 

@@ -36,7 +36,7 @@ def _doc_blocks() -> ModuleType:
 
 
 DOC = _doc_blocks()
-RUN_HERE = ("vendor", "gha-cpu", "gha-gpu")
+RUN_HERE = ("vendor", "gha-cpu", "gha-gpu", "benchmark")  # benchmark: tests/test_benchmark.py
 
 
 def _is_commands(block: object) -> bool:

@@ -1,0 +1,73 @@
+"""benchmarks/run.py works: the README's performance command, in its quick form, prints every
+figure with numbers. It checks that the script runs, not how fast the suite is."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO
+
+BLOCK = "benchmark"  # <!-- doc-run: benchmark --> in the README's "Performance" section
+QUICK = "--quick --runs 1"
+HEADERS = (
+    "## 1. Default run",
+    "## 2. Suite vs bare loop",
+    "## 3. gradcheck cost vs numel",
+    "## 4. Time to first failure",
+    "## 5. Start-up",
+    "## 6. Memory checks cost",
+)
+NUMBER = re.compile(r"\| -?\d[\d.]*(e[+-]?\d+)? (s|ms|µs)\b")  # a table cell holding a duration
+
+
+def _doc_blocks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("benchmark_doc_blocks", REPO / ".ci" / "doc_blocks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmark_command() -> str:
+    """The README's shell block named ``benchmark``, parsed by .ci/doc_blocks.py."""
+    doc = _doc_blocks()
+    found = [b for b in doc.blocks(REPO) if b.kind == "run" and b.name == BLOCK]
+    assert len(found) == 1, f"exactly one shell block named {BLOCK!r} in the docs, found {len(found)}"
+    assert found[0].language == "bash"
+    lines = [line for line in found[0].text.splitlines() if line.strip()]
+    assert lines == ["python benchmarks/run.py"], f"the documented command changed: {lines}"
+    return lines[0]
+
+
+def test_benchmark_quick_run_prints_every_figure(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")  # figure 1 runs the suite with -n 2
+    command = f"{benchmark_command()} {QUICK} --json {tmp_path / 'numbers.json'}"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` is this environment's
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    report = done.stdout
+    assert done.returncode == 0, report[-4000:] + done.stderr[-4000:]
+    assert report.startswith("# autograd-conformance benchmark"), report[:500]
+    assert re.search(r"- date: \d{4}-\d\d-\d\d", report) and "`nproc` = " in report and "torch " in report
+    sections = re.split(r"^(?=## )", report, flags=re.M)
+    for header in HEADERS:
+        section = next((s for s in sections if s.startswith(header)), None)
+        assert section is not None, f"no section {header!r} in:\n{report}"
+        assert "**not measured**" not in section, section
+        assert NUMBER.search(section), f"no numeric cell under {header!r}:\n{section}"
+    numbers = json.loads((tmp_path / "numbers.json").read_text())
+    assert numbers["quick"] and set(numbers["figures"]) == {"1", "2", "3", "4", "5", "6"}
+    assert numbers["figures"]["1"]["serial"][0]["wall"] > 0
+    assert all(bug["found"] == 1 for bug in numbers["figures"]["4"].values()), numbers["figures"]["4"]
+    assert len(numbers["figures"]["6"]) == 3 and all(runs[0]["cpu"] > 0 for runs in numbers["figures"]["6"].values())

@@ -144,7 +144,7 @@ def test_triton_kernel_storing_past_the_end_fails_out_of_bounds(tmp_path) -> Non
     failed = sorted((c, f) for (c, f), cell in cells.items() if cell["outcome"] == "failed")
     assert failed == [("out_of_bounds", "triton_store_past_end"), ("unwritten_memory", "triton_unwritten_tail")], failed
     text = cells[("out_of_bounds", "triton_store_past_end")]["message"]
-    assert "wrote 1 element(s) past the end of a buffer from empty_like" in text
+    assert "wrote 1 element(s) past the end of a buffer from torch.empty_like" in text
     assert "but should write only inside it [StorePastEnd.forward]" in text
     # Every other contract of the twin and of the out-of-bounds kernel ran to a verdict: the
     # margins kept the stray store away from the allocator, so nothing crashed.

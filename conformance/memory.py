@@ -184,7 +184,7 @@ class Allocations(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = UNINITIALISED.get(func)
-        if name is None or not isinstance(out, torch.Tensor) or out.is_meta:
+        if name is None or not isinstance(out, torch.Tensor) or out.is_meta or (kwargs and "out" in kwargs):
             return out
         self.allocations += 1
         requires_grad = out.requires_grad

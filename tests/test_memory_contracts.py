@@ -151,3 +151,10 @@ def test_triton_kernel_storing_past_the_end_fails_out_of_bounds(tmp_path) -> Non
     assert all(cells[(c, "triton_scale")]["outcome"] in ("passed", "not_applicable") for c, f in cells if f == "triton_scale")
     assert cells[("unwritten_memory", "triton_scale")]["outcome"] == "passed"
     assert cells[("gradcheck", "triton_store_past_end")]["outcome"] == "passed"
+
+
+def test_allocation_checks_leave_an_out_buffer_alone() -> None:
+    buffer = torch.zeros(3)
+    with Allocations("poison", canary_margin=4) as mode:
+        returned = torch.empty(3, out=buffer)
+    assert returned is buffer and torch.equal(buffer, torch.zeros(3)) and mode.allocations == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -143,11 +144,11 @@ def execute(
     """
     policy = allocation_policy(case.spec)
 
-    def run(policy: AllocationPolicy, *, first: bool) -> Execution:
+    def run(allocations: AllocationPolicy, *, first: bool) -> Execution:
         with kept_flags():  # a Function that leaks global state is global_state's finding only
             return _execute(
                 case, dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph,
-                after_forward if first else None, after_backward if first else None, policy, guard_inputs and first,
+                after_forward if first else None, after_backward if first else None, allocations, guard_inputs and first,
             )
 
     rng_before = torch.get_rng_state()
@@ -158,8 +159,8 @@ def execute(
 
 
 def _confirm_unwritten(execution: Execution, rng_before: torch.Tensor, rerun: Callable[[], Execution]) -> list[Unwritten]:
-    """The same evaluation with zero-filled allocations (the RNG as it was, so random draws
-    match): elements NaN with poison but not with zeros were never written by the Function."""
+    """The same evaluation with zero-filled allocations (the CPU generator as it was, so random
+    draws match): elements NaN with poison but not with zeros were never written by the Function."""
     rng_after = torch.get_rng_state()
     torch.set_rng_state(rng_before)
     try:
@@ -323,7 +324,9 @@ def function_of_tensors(
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
     values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
-    function = probe(fn or case.spec.fn, shield=True, allocations=allocation_policy(case.spec))[0]
+    # gradcheck calls it hundreds of times: nothing looks at its canaries, so none are kept.
+    allocations = dataclasses.replace(allocation_policy(case.spec), keep_canaries=False)
+    function = probe(fn or case.spec.fn, shield=True, allocations=allocations)[0]
 
     def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)

@@ -44,6 +44,7 @@ class AllocationPolicy:
 
     fill: AllocationFill | None = "poison"
     margin: int = MARGIN
+    keep_canaries: bool = True  # False: the margins protect the heap but nobody checks them
 
 __all__ = [
     "CANARY",

@@ -128,7 +128,7 @@ def probe(
     def allocating(phase: str, call: Any, *args: Any) -> Any:
         if allocations is None:
             return call(*args)
-        mode = Allocations(allocations.fill, canary_margin=allocations.margin, phase=phase)
+        mode = Allocations(allocations.fill, canary_margin=allocations.margin, phase=phase, keep=allocations.keep_canaries)
         try:
             with mode:
                 return call(*args)

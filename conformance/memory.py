@@ -7,8 +7,8 @@ through the probe, around the user's own forward and backward only:
 
 * :class:`Allocations` is a ``TorchFunctionMode`` that sees every allocation the Function's
   Python code makes (``torch.empty``, ``empty_like``, ``new_empty``, ``empty_strided``, also
-  those of a Triton kernel's Python wrapper; not those inside a C++ extension). With ``fill="poison"`` it fills them with NaN (floats) or
-  :data:`INT_POISON` (integers); an element the Function never wrote then stays NaN.
+  those of a Triton kernel's Python wrapper; not those inside a C++ extension). With
+  ``fill="poison"`` it fills them with NaN (floats) or :data:`INT_POISON` (integers); an element the Function never wrote then stays NaN.
   :func:`unwritten_elements` confirms it against a second run whose allocations hold zeros (what
   a lucky machine gives): NaN with poison but not with zeros means the value came from memory
   the Function never wrote. A NaN in both runs is the Function's own (0/0), never reported here.
@@ -30,22 +30,6 @@ from typing import Any, Literal
 import torch
 from torch.overrides import TorchFunctionMode
 
-AllocationFill = Literal["poison", "zeros"]
-# Canary elements either side of every buffer the Function allocates uninitialised (and of the
-# inputs and grad_outputs in the out_of_bounds contract): more than a rounded-up grid of 1024-wide
-# programs overshoots by, so such a store lands in a margin, not in the allocator's bookkeeping.
-MARGIN = 1024
-
-
-@dataclass(frozen=True)
-class AllocationPolicy:
-    """What happens to the Function's uninitialised allocations: ``fill`` (None: left as torch
-    gives them) and canary margins of ``margin`` elements (0: none)."""
-
-    fill: AllocationFill | None = "poison"
-    margin: int = MARGIN
-    keep_canaries: bool = True  # False: the margins protect the heap but nobody checks them
-
 __all__ = [
     "CANARY",
     "INT_POISON",
@@ -62,6 +46,22 @@ __all__ = [
     "unwritten_elements",
 ]
 
+AllocationFill = Literal["poison", "zeros"]
+# Canary elements either side of every buffer the Function allocates uninitialised (and of the
+# inputs and grad_outputs in the out_of_bounds contract): more than a rounded-up grid of 1024-wide
+# programs overshoots by, so such a store lands in a margin, not in the allocator's bookkeeping.
+MARGIN = 1024
+
+
+@dataclass(frozen=True)
+class AllocationPolicy:
+    """What happens to the Function's uninitialised allocations: ``fill`` (None: left as torch
+    gives them) and canary margins of ``margin`` elements (0: none)."""
+
+    fill: AllocationFill | None = "poison"
+    margin: int = MARGIN
+    keep_canaries: bool = True  # False: the margins protect the heap but nobody checks them
+
 # Calls that return memory nobody initialised (zeros/ones/full initialise theirs and are left
 # alone), as the Function's Python code makes them: torch-function level, where a mode costs
 # ~3 us per torch call (a dispatch mode costs ~14 us per aten op, 13% of the main job).
@@ -74,7 +74,7 @@ UNINITIALISED = {
 }
 if hasattr(torch, "empty_permuted"):
     UNINITIALISED[torch.empty_permuted] = "torch.empty_permuted"
-INT_POISON = 0x5A5A  # fits every integer dtype but uint8/int8/bool, which get their own below
+INT_POISON = 0x5A5A  # clipped to the dtype's largest value for int8/uint8; bools get True
 CANARY = 1234.5  # representable (or rounded identically each time) in every float dtype
 INT_CANARY = 0x3C
 
@@ -106,7 +106,7 @@ def _span(size: Sequence[int], stride: Sequence[int]) -> int:
 class CanaryBuffer:
     """A tensor placed ``margin`` elements into a buffer whose margins hold canaries."""
 
-    label: str  # e.g. "grad_output[0]" or "torch.empty_like (forward)"
+    label: str  # e.g. "grad_output[0]" or "a buffer from torch.empty_like(3,) in forward"
     buffer: torch.Tensor
     margin: int
     span: int

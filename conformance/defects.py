@@ -193,11 +193,11 @@ def unwritten_defect(execution: Execution) -> Defect:
     others = "; ".join(u.describe() for u in execution.unwritten[1:])
     return Defect(
         "unwritten_memory",
-        f"{first.what}{list(first.index)}=NaN from a poisoned allocation, but should be written by "
+        f"{first.what}{list(first.index)}={first.poison} from a poisoned allocation, but should be written by "
         f"{fn_name}.{phase} ({first.count} of {first.total} elements never written) [{fn_name}.{phase}]",
         (
             "Every uninitialised buffer the Function allocated (torch.empty, empty_like, new_empty, "
-            "empty_strided) was filled with NaN; these elements kept it, and hold a different value when the "
+            "empty_strided) was filled with NaN (integers: a sentinel); these elements kept it, and hold a different value when the "
             "same buffers start as zeros -- so they come from memory the Function never wrote. Fresh memory is "
             "often zeros, which hides this on most machines.",
             "Usual causes: a launch grid that skips the last partial block (numel // BLOCK instead of "

@@ -45,6 +45,7 @@ __all__ = [
     "restore",
     "rng_states",
     "seed_all",
+    "set_rng_states",
     "snapshot",
 ]
 
@@ -224,6 +225,13 @@ def _apply(values: Mapping[str, Any]) -> None:
             flag.set(wanted)
 
 
+def set_rng_states(states: RngStates) -> None:
+    """Put the global generators back to ``states`` (CUDA's only where they were recorded)."""
+    torch.set_rng_state(states.cpu)
+    if states.cuda is not None:
+        torch.cuda.set_rng_state_all(list(states.cuda))
+
+
 def restore(saved: Snapshot, *, rng: bool = True) -> None:
     """Put back the flags (and, unless ``rng=False``, the RNG states) of ``saved``.
 
@@ -231,9 +239,7 @@ def restore(saved: Snapshot, *, rng: bool = True) -> None:
     ``torch.inference_mode(False)`` and exits that context itself."""
     _apply(saved.flags)
     if rng:
-        torch.set_rng_state(saved.rng.cpu)
-        if saved.rng.cuda is not None:
-            torch.cuda.set_rng_state_all(list(saved.rng.cuda))
+        set_rng_states(saved.rng)
 
 
 def seed_all(seed: int) -> None:

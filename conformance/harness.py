@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from conformance.defects import ForwardError, require_sound
-from conformance.global_state import kept_flags
+from conformance.global_state import RngStates, kept_flags, rng_states, set_rng_states
 from conformance.memory import MARGIN, AllocationPolicy, Unwritten, padded_copy, poison_candidates, unwritten_elements
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
@@ -80,6 +80,7 @@ class Execution:
     grad_outputs_before: tuple[torch.Tensor, ...] = ()
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     backward_error: BaseException | None = None
+    passed: list[Any] = field(default_factory=list)  # what forward received (declared in-place inputs cloned)
     # Output/gradient elements that came from memory the Function never wrote (poisoned
     # allocations, confirmed by a zero-filled rerun): the unwritten_memory contract's finding.
     unwritten: list[Unwritten] = field(default_factory=list)
@@ -151,24 +152,25 @@ def execute(
                 after_forward if first else None, after_backward if first else None, allocations, guard_inputs and first,
             )
 
-    rng_before = torch.get_rng_state()
+    rng_before = rng_states()
     execution = run(policy, first=True)
     if policy.fill == "poison" and execution.recorder.uninitialised_allocations and poison_candidates(execution.observed()):
-        execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(AllocationPolicy("zeros"), first=False))
+        zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
+        execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
     return execution
 
 
-def _confirm_unwritten(execution: Execution, rng_before: torch.Tensor, rerun: Callable[[], Execution]) -> list[Unwritten]:
-    """The same evaluation with zero-filled allocations (the CPU generator as it was, so random
-    draws match): elements NaN with poison but not with zeros were never written by the Function."""
-    rng_after = torch.get_rng_state()
-    torch.set_rng_state(rng_before)
+def _confirm_unwritten(execution: Execution, rng_before: RngStates, rerun: Callable[[], Execution]) -> list[Unwritten]:
+    """The same evaluation with zero-filled allocations (the generators as they were, so random
+    draws match): elements poisoned in the first run but not with zeros were never written."""
+    rng_after = rng_states()
+    set_rng_states(rng_before)
     try:
         zeroed = rerun()
     except Exception:  # a second run that fails proves nothing either way
         return []
     finally:
-        torch.set_rng_state(rng_after)
+        set_rng_states(rng_after)
     return unwritten_elements(execution.observed(), dict(zeroed.observed()))
 
 
@@ -190,11 +192,12 @@ def _execute(
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
     if guard_inputs:
         args = [_guarded(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
+    passed = forward_args(case, args)
     try:
-        outputs = as_tuple(probed.apply(*forward_args(case, args)))
+        outputs = as_tuple(probed.apply(*passed))
     except Exception as error:
         raise ForwardError(f"{type(error).__name__}: {error}") from error
-    execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder)
+    execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder, passed=passed)
     execution.diff_positions = differentiable_positions(outputs)
     if after_forward is not None:
         after_forward(execution)
@@ -229,7 +232,8 @@ def _guarded(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     copy, canaries = padded_copy(value, margin, label)
-    recorder.canaries.append(canaries)
+    if canaries is not None:
+        recorder.canaries.append(canaries)
     return copy
 
 

@@ -12,10 +12,10 @@ through the probe, around the user's own forward and backward only:
   :func:`unwritten_elements` confirms it against a second run whose allocations hold zeros (what
   a lucky machine gives): NaN with poison but not with zeros means the value came from memory
   the Function never wrote. A NaN in both runs is the Function's own (0/0), never reported here.
-* Each such allocation is also a view into a larger buffer whose margins (:data:`MARGIN`
-  elements) hold :data:`CANARY` values -- in every evaluation, so an unmasked tail store lands
-  in a margin instead of corrupting the process's heap -- and :func:`padded_copy` builds inputs
-  and grad_outputs the same way; :meth:`CanaryBuffer.damage` reports a changed margin as an
+* Each such allocation's storage also extends :data:`MARGIN` elements of :data:`CANARY` values
+  past its end -- in every evaluation, so an unmasked tail store lands in a margin instead of
+  corrupting the process's heap -- and :func:`padded_copy` puts inputs and grad_outputs between
+  such margins; :meth:`CanaryBuffer.damage` reports a changed margin as an
   out-of-bounds write (the out_of_bounds contract looks; the others do not).
 * :func:`saved_storages` lists what a Function keeps for backward (``save_for_backward`` and
   tensors on ``ctx``), by storage: a saved slice keeps its whole base alive.
@@ -47,16 +47,18 @@ __all__ = [
 ]
 
 AllocationFill = Literal["poison", "zeros"]
-# Canary elements either side of every buffer the Function allocates uninitialised (and of the
-# inputs and grad_outputs in the out_of_bounds contract): more than a rounded-up grid of 1024-wide
-# programs overshoots by, so such a store lands in a margin, not in the allocator's bookkeeping.
-MARGIN = 1024
+# Canary elements past the end of every buffer the Function allocates uninitialised (and either
+# side of the inputs and grad_outputs in the out_of_bounds contract): more than a grid rounded up
+# to 4096-wide blocks overshoots by, so such a store lands in a margin, not in the allocator's
+# bookkeeping. Costs 4096 elements of memory and one fill per allocation.
+MARGIN = 4096
 
 
 @dataclass(frozen=True)
 class AllocationPolicy:
-    """What happens to the Function's uninitialised allocations: ``fill`` (None: left as torch
-    gives them) and canary margins of ``margin`` elements (0: none)."""
+    """What happens to the Function's uninitialised allocations: ``fill`` (None: not filled,
+    though with a margin the memory then holds canary values) and ``margin`` canary elements
+    past each one's end (0: none)."""
 
     fill: AllocationFill | None = "poison"
     margin: int = MARGIN
@@ -75,7 +77,7 @@ UNINITIALISED = {
 if hasattr(torch, "empty_permuted"):
     UNINITIALISED[torch.empty_permuted] = "torch.empty_permuted"
 INT_POISON = 0x5A5A  # clipped to the dtype's largest value for int8/uint8; bools get True
-CANARY = 1234.5  # representable (or rounded identically each time) in every float dtype
+CANARY = 1234.5  # halved to fit a float8 dtype; compared bitwise with what was stored, so rounding is fine
 INT_CANARY = 0x3C
 
 
@@ -88,8 +90,10 @@ def _poison_value(dtype: torch.dtype) -> float | int | bool:
 
 
 def _canary_value(dtype: torch.dtype) -> float | int | bool:
-    if dtype.is_floating_point or dtype.is_complex:
+    if dtype.is_complex:
         return CANARY
+    if dtype.is_floating_point:
+        return min(CANARY, torch.finfo(dtype).max / 2)  # float8_e4m3fn's largest value is 448
     if dtype == torch.bool:
         return True
     return INT_CANARY
@@ -104,25 +108,27 @@ def _span(size: Sequence[int], stride: Sequence[int]) -> int:
 
 @dataclass
 class CanaryBuffer:
-    """A tensor placed ``margin`` elements into a buffer whose margins hold canaries."""
+    """A tensor placed ``before`` elements into a buffer of canaries that extends ``after``
+    elements past its last one."""
 
     label: str  # e.g. "grad_output[0]" or "a buffer from torch.empty_like(3,) in forward"
-    buffer: torch.Tensor
-    margin: int
+    buffer: torch.Tensor  # the whole storage, flat
+    before: int
     span: int
+    after: int
     expected_before: torch.Tensor = field(init=False)
     expected_after: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.expected_before = self.buffer[: self.margin].clone()
-        self.expected_after = self.buffer[self.margin + self.span :].clone()
+        self.expected_before = self.buffer[: self.before].clone()
+        self.expected_after = self.buffer[self.before + self.span :].clone()
 
     def damage(self) -> str | None:
-        """``"wrote 3 elements past the end of grad_output[0] (at +0, +1, +2)"``, or None."""
-        before = self.buffer[: self.margin]
-        after = self.buffer[self.margin + self.span :]
-        changed_after = _changed(after, self.expected_after)
-        changed_before = _changed(before, self.expected_before)
+        """``"wrote 3 element(s) past the end of grad_output[0] (...: +0, +1, +2)"``, or None."""
+        if self.buffer.untyped_storage().nbytes() < self.buffer.numel() * self.buffer.element_size():
+            return None  # the Function freed or shrank the storage (untyped_storage().resize_(0))
+        changed_before = _changed(self.buffer[: self.before], self.expected_before)
+        changed_after = _changed(self.buffer[self.before + self.span :], self.expected_after)
         parts = []
         if changed_after:
             offsets = ", ".join(f"+{i}" for i in changed_after[:5])
@@ -131,7 +137,7 @@ class CanaryBuffer:
                 f"element: {offsets}{', ...' if len(changed_after) > 5 else ''})"
             )
         if changed_before:
-            offsets = ", ".join(f"-{self.margin - i}" for i in changed_before[:5])
+            offsets = ", ".join(f"-{self.before - i}" for i in changed_before[:5])
             parts.append(
                 f"wrote {len(changed_before)} element(s) before the start of {self.label} (element offsets before "
                 f"its first element: {offsets}{', ...' if len(changed_before) > 5 else ''})"
@@ -141,62 +147,87 @@ class CanaryBuffer:
 
 def _changed(now: torch.Tensor, expected: torch.Tensor) -> list[int]:
     # Bitwise: a NaN written over a canary is a change, a canary rewritten with itself is not.
+    if not expected.numel():
+        return []
     now_bits = now.detach().cpu().contiguous().view(torch.uint8).view(now.numel(), -1)
     expected_bits = expected.detach().cpu().contiguous().view(torch.uint8).view(expected.numel(), -1)
     return torch.nonzero((now_bits != expected_bits).any(dim=1)).flatten().tolist()
 
 
-def _padded(like: torch.Tensor, margin: int, label: str) -> tuple[torch.Tensor, CanaryBuffer]:
-    """An uninitialised tensor with ``like``'s size, strides, dtype and device, placed inside a
-    canary-margined buffer."""
+def _marginable(tensor: torch.Tensor) -> bool:
+    """Plain strided memory with elements (what a margin can surround and a fill can set)."""
+    return (
+        tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_nested
+        and not tensor.is_meta and tensor.numel() > 0
+    )
+
+
+def _margined(like: torch.Tensor, before: int, after: int, label: str) -> tuple[torch.Tensor, CanaryBuffer] | None:
+    """An uninitialised tensor with ``like``'s size, strides, dtype and device whose storage
+    holds ``before`` canaries ahead of it and ``after`` past its last element -- its own
+    tensor (``set_`` on the storage), not a view, so in-place use and ``as_strided`` offsets
+    behave as on a fresh allocation. None for a dtype whose canary cannot be stored."""
     span = _span(like.shape, like.stride())
-    buffer = torch.empty(span + 2 * margin, dtype=like.dtype, device=like.device)
-    buffer.fill_(_canary_value(like.dtype))
-    view = buffer.as_strided(like.shape, like.stride(), margin)
-    return view, CanaryBuffer(label, buffer, margin, span)
+    buffer = torch.empty(before + span + after, dtype=like.dtype, device=like.device)
+    try:
+        buffer.fill_(_canary_value(like.dtype))
+    except (RuntimeError, TypeError):
+        return None
+    tensor = torch.empty(0, dtype=like.dtype, device=like.device)
+    tensor.set_(buffer.untyped_storage(), before, like.shape, like.stride())
+    return tensor, CanaryBuffer(label, buffer, before, span, after)
 
 
-def padded_copy(tensor: torch.Tensor, margin: int, label: str) -> tuple[torch.Tensor, CanaryBuffer]:
+def padded_copy(tensor: torch.Tensor, margin: int, label: str) -> tuple[torch.Tensor, CanaryBuffer | None]:
     """A copy of ``tensor`` (same values, size, strides; a leaf with its requires_grad) that lives
-    inside a buffer with ``margin`` canary elements either side."""
-    view, canaries = _padded(tensor, margin, label)
+    between ``margin`` canary elements either side; ``tensor`` itself, with no canaries, when it
+    cannot be (overlapping stride-0 memory, a layout other than strided, no elements)."""
+    overlapping = any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride()))
+    made = None if overlapping or not _marginable(tensor) else _margined(tensor, margin, margin, label)
+    if made is None:
+        return tensor, None
+    copy, canaries = made
     with torch.no_grad():
-        view.copy_(tensor)
-    view.requires_grad_(tensor.requires_grad)
-    return view, canaries
+        copy.copy_(tensor)
+    copy.requires_grad_(tensor.requires_grad)
+    return copy, canaries
 
 
 class Allocations(TorchFunctionMode):
-    """Fills (``fill="poison"`` or ``"zeros"``; None: leaves) every uninitialised allocation made
-    while active, and with ``canary_margin > 0`` places each inside a canary-margined buffer
-    (kept in ``canaries`` for :meth:`CanaryBuffer.damage`)."""
+    """While active, every uninitialised allocation (``UNINITIALISED``) is, as ``policy`` says,
+    filled (poison, zeros, or left as torch gives it) and given ``policy.margin`` canary elements
+    past its end in the same storage (kept in ``canaries`` for :meth:`CanaryBuffer.damage` when
+    ``policy.keep_canaries``). The tensor keeps storage offset 0 and is not a view."""
 
-    def __init__(
-        self, fill: AllocationFill | None = "poison", *, canary_margin: int = 0, phase: str = "", keep: bool = True
-    ) -> None:
+    def __init__(self, policy: AllocationPolicy | None = None, *, phase: str = "") -> None:
         super().__init__()
-        self.fill = fill
-        self.keep = keep  # False: the margined buffers are not kept (nothing outlives its tensor)
-        self.allocations = 0
-        self.canary_margin = canary_margin
+        self.policy = policy or AllocationPolicy()
         self.phase = phase
+        self.allocations = 0
         self.canaries: list[CanaryBuffer] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = UNINITIALISED.get(func)
-        if name is None or not isinstance(out, torch.Tensor) or out.is_meta or (kwargs and "out" in kwargs):
+        if name is None or not isinstance(out, torch.Tensor) or (kwargs and kwargs.get("out") is not None):
+            return out
+        if not _marginable(out):  # torch.empty(0) grown by a later out= or resize_ is the Function's own business
             return out
         self.allocations += 1
         requires_grad = out.requires_grad
-        if self.canary_margin:
+        if self.policy.margin:
             label = f"a buffer from {name}{tuple(out.shape)} in {self.phase or 'the Function'}"
-            out, canaries = _padded(out, self.canary_margin, label)
-            if self.keep:
-                self.canaries.append(canaries)
-        if out.numel() and self.fill is not None:
+            made = _margined(out, 0, self.policy.margin, label)
+            if made is not None:
+                out, canaries = made
+                if self.policy.keep_canaries:
+                    self.canaries.append(canaries)
+        if self.policy.fill is not None:
             with torch.no_grad():
-                out.fill_(_poison_value(out.dtype) if self.fill == "poison" else 0)
+                try:
+                    out.fill_(_poison_value(out.dtype) if self.policy.fill == "poison" else 0)
+                except (RuntimeError, TypeError):  # a dtype without the poison value: left as it is
+                    pass
         return out.requires_grad_() if requires_grad and not out.requires_grad else out
 
 
@@ -208,6 +239,7 @@ class Unwritten:
     count: int
     total: int
     index: tuple[int, ...]  # of the first one
+    poison: str  # the value it kept: "NaN", or the integer/bool poison
 
     def describe(self) -> str:
         return f"{self.what} has {self.count} of {self.total} element(s) never written (first at index {list(self.index)})"
@@ -238,7 +270,8 @@ def unwritten_elements(
         count = int(mask.sum())
         if count:
             first = tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
-            found.append(Unwritten(what, count, tensor.numel(), first))
+            poison = _poison_value(tensor.dtype)
+            found.append(Unwritten(what, count, tensor.numel(), first, "NaN" if isinstance(poison, float) else repr(poison)))
     return found
 
 

@@ -10,6 +10,8 @@ attributes hold tensors. Nothing is added to ``ctx``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,25 +85,46 @@ def _clone(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
+def _subclass(fn: type[torch.autograd.Function], methods: dict[str, Any]) -> type[torch.autograd.Function]:
+    """A subclass of ``fn`` with ``methods`` replaced, named and documented as ``fn`` (so grad_fn
+    names and error messages read as the user's own)."""
+    namespace: dict[str, Any] = {name: staticmethod(method) for name, method in methods.items()}
+    namespace.update({"__module__": fn.__module__, "__qualname__": fn.__qualname__, "__doc__": fn.__doc__})
+    return type(fn.__name__, (fn,), namespace)
+
+
+def _under_allocations(
+    user_forward: Any, allocations: AllocationPolicy, done: Any = None
+) -> Any:
+    """``user_forward`` run under :class:`Allocations` (``done(mode)`` afterwards). It keeps the
+    user's signature: ``Function.apply`` fills in a setup_context-style forward's defaults from it."""
+
+    @functools.wraps(user_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        mode = Allocations(allocations, phase="forward")
+        try:
+            with mode:
+                return user_forward(*args, **kwargs)
+        finally:
+            if done is not None:
+                done(mode)
+
+    return forward
+
+
 def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy) -> type[torch.autograd.Function]:
     """A subclass of ``fn`` that records nothing (so it keeps nothing alive) but runs forward and
     backward under :class:`conformance.memory.Allocations` like every evaluation: for contracts
     that must call the Function unprobed (saved_tensors checks what is freed)."""
+    unkept = dataclasses.replace(allocations, keep_canaries=False)
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
-    user_forward = fn.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with Allocations(allocations.fill, canary_margin=allocations.margin, keep=False):
-            return user_forward(*args, **kwargs)
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
-        with Allocations(allocations.fill, canary_margin=allocations.margin, keep=False):
+        with Allocations(unkept, phase=method):
             return user_backward(ctx, *grad_outputs)
 
-    namespace = {"forward": staticmethod(forward), method: staticmethod(backward), "__module__": fn.__module__,
-                 "__qualname__": fn.__qualname__, "__doc__": fn.__doc__}
-    return type(fn.__name__, (fn,), namespace)
+    return _subclass(fn, {"forward": _under_allocations(fn.forward, unkept), method: backward})
 
 
 def probe(
@@ -123,21 +146,20 @@ def probe(
     recorder = Recorder()
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
-    user_forward = fn.forward
 
-    def allocating(phase: str, call: Any, *args: Any) -> Any:
+    def record(mode: Allocations) -> None:
+        recorder.uninitialised_allocations += mode.allocations
+        recorder.canaries.extend(mode.canaries)
+
+    def backward_of_user(ctx: Any, *grad_outputs: Any) -> Any:
         if allocations is None:
-            return call(*args)
-        mode = Allocations(allocations.fill, canary_margin=allocations.margin, phase=phase, keep=allocations.keep_canaries)
+            return user_backward(ctx, *grad_outputs)
+        mode = Allocations(allocations, phase=method)
         try:
             with mode:
-                return call(*args)
+                return user_backward(ctx, *grad_outputs)
         finally:
-            recorder.uninitialised_allocations += mode.allocations
-            recorder.canaries.extend(mode.canaries)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return allocating("forward", lambda *a: user_forward(*a, **kwargs), *args)
+            record(mode)
 
     def recording_backward(ctx: Any, *grad_outputs: Any) -> Any:
         call = BackwardCall()
@@ -161,7 +183,7 @@ def probe(
         if shield:
             grad_outputs = tuple(_private(g) for g in grad_outputs)
         try:
-            result = allocating(method, user_backward, ctx, *grad_outputs)
+            result = backward_of_user(ctx, *grad_outputs)
         except BaseException as error:
             call.error = error
             raise
@@ -169,13 +191,8 @@ def probe(
         call.raw = result if isinstance(result, tuple) else (result,)
         return result
 
-    namespace: dict[str, Any] = {
-        method: staticmethod(recording_backward),
-        "__module__": fn.__module__,
-        "__qualname__": fn.__qualname__,
-        "__doc__": fn.__doc__,
-    }
+    methods: dict[str, Any] = {method: recording_backward}
     if allocations is not None:
-        namespace["forward"] = staticmethod(forward)
-    probed = type(fn.__name__, (fn,), namespace)
+        methods["forward"] = _under_allocations(fn.forward, allocations, record)
+    probed = _subclass(fn, methods)
     return probed, recorder

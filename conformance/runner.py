@@ -43,7 +43,8 @@ from conformance.watchdog import (
     phase_at,
     phase_marks,
 )
-from strategies.cases import Case, cases
+from strategies.cases import LAYOUTS, Case, cases
+from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
     "FAILURE_PROPERTY",
@@ -201,6 +202,20 @@ class Target:
         if self.flight is not None:
             self.flight.start_example(case.describe(), self.example_timeout)
         return case
+
+    def draw_varied_case(self, data: st.DataObject) -> Case:
+        """A case from the widest mix the other contracts draw from -- requires_grad subsets,
+        broadcasting, every layout, mask and grad_output kind, sometimes extreme values -- for
+        contracts that own a defect others may meet on any of those (the memory contracts)."""
+        return self.draw_case(
+            data,
+            requires_grad="nonempty",
+            broadcast=True,
+            layouts=LAYOUTS,
+            mask_kinds=MASK_KINDS,
+            grad_output_kinds=GRAD_OUTPUT_KINDS,
+            extreme=data.draw(st.booleans(), label="extreme values"),
+        )
 
     @property
     def example_timeout(self) -> float | None:

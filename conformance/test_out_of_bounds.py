@@ -28,7 +28,7 @@ def _damage(execution: Execution) -> list[str]:
 
 
 def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(data)
+    case = target.draw_varied_case(data)
     after_forward: list[str] = []
 
     def look_after_forward(execution: Execution) -> None:

@@ -52,7 +52,8 @@ def check_saved_memory(target: Target, data: st.DataObject) -> None:
         if not execution.diff_positions:
             return
         ctx = execution.outputs[execution.diff_positions[0]].grad_fn
-        inputs = [a for a in execution.args if isinstance(a, torch.Tensor)]
+        # What forward received: a declared in-place input is the clone it was given.
+        inputs = [a for a in execution.passed if isinstance(a, torch.Tensor)]
         outputs = [o for o in execution.outputs if isinstance(o, torch.Tensor)]
         free = inputs if spec.saves == "inputs" else inputs + outputs
         measured["extra"] = list(saved_storages(_kept(ctx), free=free, canaries=execution.recorder.canaries))

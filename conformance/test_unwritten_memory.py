@@ -24,7 +24,7 @@ NOTHING_ALLOCATED = (
 
 
 def check_unwritten_memory(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(data)
+    case = target.draw_varied_case(data)
     with random_state(case.spec, case):
         execution = execute(case)
     require_sound(target.contract, execution)

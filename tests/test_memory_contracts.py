@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conformance.memory import Allocations, padded_copy, saved_storages, unwritten_elements
+from conformance.memory import AllocationPolicy, Allocations, padded_copy, saved_storages, unwritten_elements
 from tests.conftest import ZOO
 
 MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
@@ -64,7 +64,7 @@ def test_attention_keeping_only_the_log_sum_exp_keeps_its_promise(memory_zoo) ->
 def _blocked_scale_grad(fill: str) -> torch.Tensor:
     from tests.zoo.memory_bugs import _blocked_scale
 
-    with Allocations(fill, canary_margin=16):  # type: ignore[arg-type]
+    with Allocations(AllocationPolicy(fill, 16)):  # type: ignore[arg-type]
         return _blocked_scale(torch.ones(2, 13, dtype=torch.float64), 3.0, drop_tail=True)
 
 
@@ -84,6 +84,7 @@ def test_a_nan_the_function_computes_is_not_unwritten() -> None:
 def test_canaries_report_writes_past_the_end_and_before_the_start() -> None:
     x = torch.arange(6.0).reshape(2, 3)
     copy, canaries = padded_copy(x, 8, "input 'x'")
+    assert canaries is not None and copy._base is None  # its own tensor, not a view
     assert torch.equal(copy, x) and copy.stride() == x.stride() and canaries.damage() is None
     canaries.buffer[8 + 6 + 2] = 0.0  # three past the last element
     canaries.buffer[7] = -1.0  # one before the first
@@ -155,6 +156,79 @@ def test_triton_kernel_storing_past_the_end_fails_out_of_bounds(tmp_path) -> Non
 
 def test_allocation_checks_leave_an_out_buffer_alone() -> None:
     buffer = torch.zeros(3)
-    with Allocations("poison", canary_margin=4) as mode:
+    with Allocations(AllocationPolicy("poison", 4)) as mode:
         returned = torch.empty(3, out=buffer)
     assert returned is buffer and torch.equal(buffer, torch.zeros(3)) and mode.allocations == 0
+
+
+def test_allocations_behave_like_fresh_ones_for_code_that_relies_on_it() -> None:
+    """Correct kernel-style code that must not be flagged: carving a workspace with absolute
+    as_strided offsets, growing torch.empty(0) through out=, modifying an allocation in place
+    after it became a Function output, freeing a workspace's storage early."""
+    x, y = torch.arange(4.0), torch.arange(4.0, 8.0)
+    mode = Allocations(AllocationPolicy("poison", 64))
+    with mode:
+        workspace = torch.empty(8)
+        workspace.as_strided((4,), (1,), 0).copy_(x)
+        workspace.as_strided((4,), (1,), 4).copy_(y)
+        grown = torch.empty(0)
+        torch.add(torch.ones(8), 1, out=grown)
+        scratch = torch.empty(16)
+        scratch.untyped_storage().resize_(0)
+    assert torch.equal(workspace, torch.cat([x, y])) and workspace.storage_offset() == 0 and workspace._base is None
+    assert torch.equal(grown, torch.full((8,), 2.0))
+    assert [c.damage() for c in mode.canaries] == [None, None]  # workspace, scratch (empty(0) is left alone)
+
+
+class _Doubles(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:  # setup_context style, a default
+        out = torch.empty_like(x)
+        out.copy_(x * scale)
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        ctx.scale = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad * ctx.scale, None
+
+
+def test_probed_forward_keeps_the_users_signature_and_outputs_are_not_views() -> None:
+    from conformance.probe import probe
+
+    probed, recorder = probe(_Doubles, allocations=AllocationPolicy())
+    x = torch.ones(3, requires_grad=True)
+    y = probed.apply(x)  # the default `scale` is filled in from the user's signature
+    assert torch.equal(y, torch.full((3,), 2.0)) and recorder.uninitialised_allocations == 1
+    with torch.enable_grad():
+        z = probed.apply(x)
+        z.mul_(1.0)  # a view output of a custom Function could not be modified in place
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.bool, torch.complex64])
+def test_every_dtype_gets_a_canary_it_can_hold(dtype: torch.dtype) -> None:
+    mode = Allocations(AllocationPolicy("poison", 8))
+    with mode:
+        made = torch.empty(5, dtype=dtype)
+    assert made.shape == (5,) and made.dtype == dtype
+    assert mode.canaries and mode.canaries[0].damage() is None
+
+
+def test_a_stride_0_tensor_is_left_unpadded() -> None:
+    expanded = torch.ones(1, 3).expand(4, 3)
+    copy, canaries = padded_copy(expanded, 8, "grad_output[0]")
+    assert copy is expanded and canaries is None
+
+
+def test_a_store_past_the_end_of_an_allocation_lands_in_its_margin_and_is_reported() -> None:
+    mode = Allocations(AllocationPolicy("poison", 8), phase="forward")
+    with mode:
+        out = torch.empty(3)
+    torch.empty(0).set_(out.untyped_storage(), 0, (5,), (1,)).fill_(1.0)  # a kernel storing 2 too many
+    assert mode.canaries[0].damage() == (
+        "wrote 2 element(s) past the end of a buffer from torch.empty(3,) in forward "
+        "(element offsets after its last element: +0, +1)"
+    )

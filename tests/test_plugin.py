@@ -168,7 +168,7 @@ THREAD_SPEC = textwrap.dedent(
 
 @pytest.mark.parametrize("threads", [None, 2])
 def test_evaluations_run_with_the_suite_thread_count_and_the_user_setting_comes_back(
-    pytester: pytest.Pytester, threads: int | None
+    pytester: pytest.Pytester, threads: int | None, clean_registry: None
 ) -> None:
     import torch
 

@@ -191,7 +191,7 @@ def _execute(
     probed, recorder = probe(fn or case.spec.fn, allocations=policy)
     args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
     if guard_inputs:
-        args = [_guarded(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
+        args = [_between_canaries(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
     passed = forward_args(case, args)
     try:
         outputs = as_tuple(probed.apply(*passed))
@@ -211,7 +211,7 @@ def _execute(
     execution.grad_outputs = tuple(make(diff_outputs))
     if guard_inputs:
         execution.grad_outputs = tuple(
-            _guarded(g, policy.margin, f"grad_output[{i}]", recorder) for i, g in enumerate(execution.grad_outputs)
+            _between_canaries(g, policy.margin, f"grad_output[{i}]", recorder) for i, g in enumerate(execution.grad_outputs)
         )
     execution.grad_outputs_before = tuple(g.detach().clone() for g in execution.grad_outputs)
     try:
@@ -227,7 +227,7 @@ def _execute(
     return execution
 
 
-def _guarded(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
+def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
     """``value`` moved into a canary-margined buffer (tensors only; the canaries go to ``recorder``)."""
     if not isinstance(value, torch.Tensor):
         return value

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ def _subclass(fn: type[torch.autograd.Function], methods: dict[str, Any]) -> typ
 
 
 def _under_allocations(
-    user_forward: Any, allocations: AllocationPolicy, done: Any = None
+    user_forward: Any, allocations: AllocationPolicy, done: Callable[[Allocations], None] | None = None
 ) -> Any:
     """``user_forward`` run under :class:`Allocations` (``done(mode)`` afterwards). It keeps the
     user's signature: ``Function.apply`` fills in a setup_context-style forward's defaults from it."""

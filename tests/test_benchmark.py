@@ -3,18 +3,17 @@ figure with numbers. It checks that the script runs, not how fast the suite is."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.conftest import REPO
+from tests.test_docs import DOC  # .ci/doc_blocks.py, loaded once
 
 BLOCK = "benchmark"  # <!-- doc-run: benchmark --> in the README's "Performance" section
 QUICK = "--quick --runs 1"
@@ -29,19 +28,9 @@ HEADERS = (
 NUMBER = re.compile(r"\| -?\d[\d.]*(e[+-]?\d+)? (s|ms|µs)\b")  # a table cell holding a duration
 
 
-def _doc_blocks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("benchmark_doc_blocks", REPO / ".ci" / "doc_blocks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 def benchmark_command() -> str:
     """The README's shell block named ``benchmark``, parsed by .ci/doc_blocks.py."""
-    doc = _doc_blocks()
-    found = [b for b in doc.blocks(REPO) if b.kind == "run" and b.name == BLOCK]
+    found = [b for b in DOC.blocks(REPO) if b.kind == "run" and b.name == BLOCK]
     assert len(found) == 1, f"exactly one shell block named {BLOCK!r} in the docs, found {len(found)}"
     assert found[0].language == "bash"
     lines = [line for line in found[0].text.splitlines() if line.strip()]

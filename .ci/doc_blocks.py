@@ -1,8 +1,10 @@
 """The commands and files the README and docs/ show, so that CI and tests run exactly those.
 
 A fenced block preceded by ``<!-- doc-run: NAME -->`` is a shell block named NAME; one preceded
-by ``<!-- doc-file: FILE -->`` is the content of FILE. ``.ci/run`` executes some named blocks;
-tests/test_docs.py executes the others and checks that every shell block is named and run.
+by ``<!-- doc-file: FILE -->`` is the content of FILE; one preceded by ``<!-- doc-excerpt: PATH -->``
+is quoted verbatim from the repository file PATH. ``.ci/run`` executes some named blocks;
+tests/test_docs.py executes the others, checks that every shell block is named and run and that
+every excerpt is still in its file.
 
     python3 .ci/doc_blocks.py run NAME      # print shell block NAME
     python3 .ci/doc_blocks.py file FILE     # print the content of FILE
@@ -17,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_TAG = re.compile(r"<!--\s*doc-(run|file):\s*(\S+)\s*-->")
+_TAG = re.compile(r"<!--\s*doc-(run|file|excerpt):\s*(\S+)\s*-->")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "run" | "file" | "" (an untagged fenced block)
+    kind: str  # "run" | "file" | "excerpt" | "" (an untagged fenced block)
     name: str
     language: str
     text: str

@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 def _case(spec: Any, numel: int, spacing: float) -> Any:
     import torch
 
-    from strategies.cases import ArgRecipe, Case
+    from strategies.cases import Case
+    from strategies.recipes import TensorRecipe
 
-    recipe = ArgRecipe(name="x", kind="tensor", shape=(numel,), seed=numel, spacing=spacing)
+    recipe = TensorRecipe(name="x", shape=(numel,), seed=numel, spacing=spacing)
     return Case(spec=spec, device="cpu", dtype=torch.float64, sizes={"n": numel}, batches={"batch": ()},
                 recipes=(recipe,), requires_grad=frozenset({"x"}))
 

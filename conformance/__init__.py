@@ -11,9 +11,35 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conformance.spec import Index, Mask, Scalar, Spec, SpecError, Tensor, register, registered
+    from conformance.spec import (
+        AdditiveMask,
+        Derived,
+        Dim,
+        Index,
+        Mask,
+        Offsets,
+        Scalar,
+        Spec,
+        SpecError,
+        Tensor,
+        register,
+        registered,
+    )
 
-__all__ = ["Index", "Mask", "Scalar", "Spec", "SpecError", "Tensor", "register", "registered"]
+__all__ = [
+    "AdditiveMask",
+    "Derived",
+    "Dim",
+    "Index",
+    "Mask",
+    "Offsets",
+    "Scalar",
+    "Spec",
+    "SpecError",
+    "Tensor",
+    "register",
+    "registered",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ import torch
 
 from conformance.probe import BackwardCall
 from conformance.report import describe_value, fail
+from strategies.recipes import FloatingRecipe
 
 if TYPE_CHECKING:
     from conformance.harness import Execution
@@ -98,7 +99,7 @@ def structural_defects(
             ),
         ))
     for recipe, value in zip(case.recipes, raw):
-        if recipe.kind != "tensor" and value is not None:
+        if not isinstance(recipe, FloatingRecipe) and value is not None:
             defects.append(Defect(
                 "return_count",
                 f"grad[{recipe.name!r}]={describe_value(value)}, but should be None [{where}]",

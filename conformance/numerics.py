@@ -104,6 +104,11 @@ def multiplier(spec: Spec, dtype: torch.dtype, which: str) -> float:
     return float(spec.tolerances.get(dtype, {}).get(which, DEFAULT_TOLERANCES[which]))
 
 
+def floor_ulps(spec: Spec, dtype: torch.dtype) -> int:
+    """The floor's rounding steps in ``dtype``: the spec's ``floor_ulps``, else :data:`FLOOR_ULPS`."""
+    return int(spec.tolerances.get(dtype, {}).get("floor_ulps", FLOOR_ULPS))
+
+
 def upcast(value: Any) -> Any:
     """A float64 CPU leaf copy of a floating tensor (keeping requires_grad); others moved to CPU."""
     if isinstance(value, torch.Tensor):
@@ -295,6 +300,7 @@ def compare_budget(
     k: float,
     what: str,
     where: str,
+    steps: int = FLOOR_ULPS,
 ) -> Comparison | None:
     """``max|actual - truth| <= k * reference_error + floor`` over the checked positions, after
     the non-finite positions match.
@@ -306,7 +312,7 @@ def compare_budget(
     below what any other correct evaluation order gives (measured: a float32 scalar gradient
     summed over 60 terms, baseline error 0.14 ulp, a correct implementation 4 ulps).
 
-    The floor is ``FLOOR_ULPS`` steps at the larger of ``max|truth|`` and ``floor_at`` (the
+    The floor is ``steps`` (default ``FLOOR_ULPS``; a spec's ``floor_ulps``) rounding steps at the larger of ``max|truth|`` and ``floor_at`` (the
     contract passes the largest |truth| over all outputs and gradients of the call): a result
     that is exactly 0 by cancellation (attention's grad_q with one key) is computed from terms as
     large as the call's other values, and a correct kernel leaves rounding noise of their size --
@@ -338,7 +344,7 @@ def compare_budget(
         bounded = terms.detach().to("cpu", torch.float64)[checked]
         bounded = bounded[torch.isfinite(bounded)]
         terms_at = float(bounded.max()) if bounded.numel() else 0.0
-    floor = max(rounding_floor(truth64, dtype, checked), FLOOR_ULPS * ulp(max(floor_at, terms_at), dtype))
+    floor = max(rounding_floor(truth64, dtype, checked, steps), steps * ulp(max(floor_at, terms_at), dtype))
     allowed = k * reference_error + floor
     peak = float(truth64[checked].abs().max())
     worst = float(error.max())
@@ -347,7 +353,7 @@ def compare_budget(
     index = _index_of_max(error)
     summary = (
         f"max|{what} - reference|={worst:.6g} at {index}, but should be <= {k:g} x {reference_error:.6g} "
-        f"(reference's own error in {str(dtype).removeprefix('torch.')}) + {floor:.3g} ({FLOOR_ULPS} ulps at "
+        f"(reference's own error in {str(dtype).removeprefix('torch.')}) + {floor:.3g} ({steps} ulps at "
         f"{max(floor_at, terms_at, peak):.3g}, the largest of the call's max|reference| and the terms this value is "
         f"computed from) = {allowed:.6g} [{where}]"
     )

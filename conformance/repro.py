@@ -7,8 +7,8 @@ the *same* contract check once through :func:`replay` -- so the script fails wit
 contract's own message and numbers (second order for gradgradcheck, both layouts for layouts,
 ...) and passes once the Function is fixed.
 
-Public helpers for scripts: :func:`load_spec`, :func:`replay`; ``Case``/``ArgRecipe`` are
-re-exported so a script needs nothing else from this package.
+Public helpers for scripts: :func:`load_spec`, :func:`replay`; ``Case`` and the recipe classes
+(``TensorRecipe``, ``MaskRecipe``, ...) are re-exported so a script needs nothing else.
 """
 
 from __future__ import annotations
@@ -25,14 +25,33 @@ from typing import Any
 
 import torch
 
-from strategies.cases import ArgRecipe, Case
+from strategies.cases import Case
+from strategies.recipes import (
+    AdditiveMaskRecipe,
+    DerivedRecipe,
+    IndexRecipe,
+    MaskRecipe,
+    OffsetsRecipe,
+    Recipe,
+    ScalarRecipe,
+    TensorRecipe,
+)
+
+RECIPE_CLASSES = (TensorRecipe, MaskRecipe, AdditiveMaskRecipe, IndexRecipe, ScalarRecipe, OffsetsRecipe, DerivedRecipe)
 
 __all__ = [
-    "ArgRecipe",
+    "RECIPE_CLASSES",
+    "AdditiveMaskRecipe",
     "Case",
+    "DerivedRecipe",
     "DrawRecorder",
+    "IndexRecipe",
+    "MaskRecipe",
+    "OffsetsRecipe",
     "ReplayData",
     "ReproUnavailable",
+    "ScalarRecipe",
+    "TensorRecipe",
     "load_spec",
     "replay",
     "script_name",
@@ -94,7 +113,7 @@ class ReplayData:
 
 
 def to_source(value: Any) -> str:
-    """Python source that evaluates to ``value`` (with ``torch``, ``Case``, ``ArgRecipe``,
+    """Python source that evaluates to ``value`` (with ``torch``, ``Case``, the recipe classes,
     ``spec`` in scope); :class:`ReproUnavailable` for values without one."""
     if value is None or isinstance(value, (bool, str)):
         return repr(value)
@@ -127,14 +146,14 @@ def to_source(value: Any) -> str:
             elif _differs_from_default(f, current):
                 fields.append(f"{f.name}={to_source(current)}")
         return "Case(\n    " + ",\n    ".join(fields) + ",\n)"
-    if isinstance(value, ArgRecipe):
-        parts = [repr(value.name), repr(value.kind)]
+    if isinstance(value, Recipe):
+        parts = [repr(value.name)]
         parts += [
             f"{f.name}={to_source(getattr(value, f.name))}"
             for f in dataclasses.fields(value)
-            if f.name not in ("name", "kind") and _differs_from_default(f, getattr(value, f.name))
+            if f.name != "name" and _differs_from_default(f, getattr(value, f.name))
         ]
-        return f"ArgRecipe({', '.join(parts)})"
+        return f"{type(value).__name__}({', '.join(parts)})"
     raise ReproUnavailable(f"a drawn {type(value).__name__} ({value!r:.60}) has no source form")
 
 
@@ -199,7 +218,10 @@ sys.path[:0] = [{", ".join(sys_path)}]
 
 import torch  # noqa: E402
 
-from conformance.repro import ArgRecipe, Case, load_spec, replay  # noqa: E402
+from conformance.repro import Case, load_spec, replay  # noqa: E402
+from conformance.repro import (  # noqa: E402, F401
+    AdditiveMaskRecipe, DerivedRecipe, IndexRecipe, MaskRecipe, OffsetsRecipe, ScalarRecipe, TensorRecipe,
+)
 
 spec = load_spec({impl!r}, {spec_name!r})
 

@@ -240,6 +240,8 @@ class Target:
         run_settings = self.options.hypothesis_settings()
         if max_examples is not None and self.options.max_examples is None:
             run_settings = settings(run_settings, max_examples=max_examples)
+        if self.spec.max_examples is not None and self.spec.max_examples < run_settings.max_examples:
+            run_settings = settings(run_settings, max_examples=self.spec.max_examples)  # the spec's own cap
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
         try:
             run_settings(seed(test_seed)(given(data=st.data())(property_)))()

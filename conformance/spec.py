@@ -16,16 +16,37 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import torch
+from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
+
+from strategies.dims import DimRule, broadcast_forms
+from strategies.recipes import (
+    AdditiveMaskRecipe,
+    DerivedRecipe,
+    IndexRecipe,
+    MaskRecipe,
+    OffsetsRecipe,
+    Recipe,
+    ScalarRecipe,
+    TensorRecipe,
+)
+from strategies.values import distinct_seed, magnitudes, mask_densities, value_seeds
+
+if TYPE_CHECKING:
+    from strategies.cases import PartialCase
 
 __all__ = [
     "DOMAINS",
+    "AdditiveMask",
+    "Derived",
+    "Dim",
     "Index",
     "InputSpec",
     "Mask",
+    "Offsets",
     "Scalar",
     "ShapeSpec",
     "Spec",
@@ -34,6 +55,7 @@ __all__ = [
     "parse_shape",
     "register",
     "registered",
+    "registered_spec",
 ]
 
 DOMAINS = ("real", "positive", "nonzero", "unit")
@@ -61,30 +83,73 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class Scaled:
+    """A dim that is ``factor`` times another dim (``"2*f"``: a fused gate-up's last dim)."""
+
+    factor: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.factor}*{self.name}"
+
+
+DimToken = Union[str, int, Scaled]
+
+
+@dataclass(frozen=True)
 class ShapeSpec:
-    """A parsed symbolic shape: an optional leading ``*batch`` then named or literal dims."""
+    """A parsed symbolic shape: an optional leading ``*batch`` then named, scaled or literal dims.
+
+    ``multiples``: the ``name:even`` / ``name:8`` annotations (dim name, multiple).
+    """
 
     text: str
     batch: str | None
-    dims: tuple[str | int, ...]
+    dims: tuple[DimToken, ...]
+    multiples: tuple[tuple[str, int], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(d for d in self.dims if isinstance(d, str))
+        return tuple(d.name if isinstance(d, Scaled) else d for d in self.dims if not isinstance(d, int))
 
     @property
     def ndim_min(self) -> int:
         return len(self.dims)
 
+    def concrete(self, sizes: Mapping[str, int], batches: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """The shape under drawn sizes."""
+        shape: list[int] = list(batches[self.batch]) if self.batch else []
+        for dim in self.dims:
+            if isinstance(dim, int):
+                shape.append(dim)
+            elif isinstance(dim, Scaled):
+                shape.append(dim.factor * sizes[dim.name])
+            else:
+                shape.append(sizes[dim])
+        return tuple(shape)
+
+    def labels(self, batches: Mapping[str, tuple[int, ...]]) -> tuple[str, ...]:
+        """Per concrete dim, the token it comes from (``*batch`` for every batch dim)."""
+        lead = (f"*{self.batch}",) * len(batches[self.batch]) if self.batch else ()
+        return lead + tuple(str(d) for d in self.dims)
+
+
+_SCALED = re.compile(r"^([0-9]+)\*([A-Za-z_][A-Za-z0-9_]*)$")
+_ANNOTATED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):(even|[0-9]+)$")
+
 
 def parse_shape(text: str) -> ShapeSpec:
-    """Parse ``"*batch n d"``-style shape strings; raises ``ValueError`` on malformed text."""
+    """Parse shape strings: ``"*batch n d"``, ``"b s h d:even"`` (d a multiple of 2; ``d:8`` a
+    multiple of 8), ``"t 2*f"`` (twice f); raises ``ValueError`` on malformed text."""
     if not isinstance(text, str):
         raise ValueError(f"shape must be a string like '*batch n d', got {text!r}")
     tokens = text.split()
     batch: str | None = None
-    dims: list[str | int] = []
+    dims: list[DimToken] = []
+    multiples: list[tuple[str, int]] = []
     for position, token in enumerate(tokens):
+        scaled = _SCALED.match(token)
+        annotated = _ANNOTATED.match(token)
         if token.startswith("*"):
             if position != 0:
                 raise ValueError(f"shape {text!r}: {token!r} must be the first token")
@@ -96,31 +161,104 @@ def parse_shape(text: str) -> ShapeSpec:
             if size < 1:
                 raise ValueError(f"shape {text!r}: literal size {token!r} must be >= 1")
             dims.append(size)
+        elif scaled:
+            factor = int(scaled.group(1))
+            if factor < 1:
+                raise ValueError(f"shape {text!r}: {token!r} needs a factor >= 1")
+            dims.append(Scaled(factor, scaled.group(2)) if factor != 1 else scaled.group(2))
+        elif annotated:
+            name, multiple = annotated.group(1), annotated.group(2)
+            step = 2 if multiple == "even" else int(multiple)
+            if step < 1:
+                raise ValueError(f"shape {text!r}: {token!r} needs a multiple >= 1")
+            dims.append(name)
+            multiples.append((name, step))
         elif _IDENT.match(token):
             dims.append(token)
         else:
             raise ValueError(
-                f"shape {text!r}: token {token!r} is neither a dim name, a positive integer "
-                "nor a leading '*name'"
+                f"shape {text!r}: token {token!r} is neither a dim name (optionally 'name:even' or 'name:8'), "
+                "a scaled dim ('2*name'), a positive integer nor a leading '*name'"
             )
-    return ShapeSpec(text=text, batch=batch, dims=tuple(dims))
+    return ShapeSpec(text=text, batch=batch, dims=tuple(dims), multiples=tuple(multiples))
 
 
 # --------------------------------------------------------------------------- inputs
 
 
+Fail = Callable[[str, str], "SpecError"]
+_NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "<no value>"})()
+
+
+class _Shaped:
+    """Shared by inputs with a symbolic shape: parsing, the dims they use, per-dim broadcasting."""
+
+    name: str
+    shape: str
+
+    @property
+    def parsed(self) -> ShapeSpec:
+        return parse_shape(self.shape)
+
+    def dims_used(self) -> tuple[str, ...]:
+        return self.parsed.names
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    def broadcast_tokens(self) -> frozenset[str] | None:
+        """The shape tokens that may broadcast (``*batch`` for the batch dims); None: none."""
+        return None
+
+    def drawn_shape(self, draw: st.DrawFn, case: PartialCase) -> tuple[int, ...]:
+        """The shape under the drawn sizes; broadcast per :meth:`broadcast_tokens` when the
+        contract asks for broadcasting."""
+        parsed = self.parsed
+        shape = parsed.concrete(case.sizes, case.batches)
+        tokens = self.broadcast_tokens()
+        if not case.options.broadcast or tokens is None:
+            return shape
+        allowed = tuple(label in tokens for label in parsed.labels(case.batches))
+        if not any(allowed):
+            return shape
+        return draw(broadcast_forms(shape, allowed=allowed), label=f"{self.name} broadcast shape")
+
+    def _check_shape(self, fail: Fail, where: str) -> ShapeSpec:
+        try:
+            return parse_shape(self.shape)
+        except ValueError as error:
+            raise fail(f"{where}.shape", f"malformed shape string: {error}") from None
+
+    def _check_broadcast(self, broadcast: Any, broadcastable: bool, fail: Fail, where: str) -> None:
+        if broadcast is None:
+            return
+        if broadcastable:
+            raise fail(f"{where}.broadcast", "give broadcast='<dims>' or broadcastable=True, not both")
+        if not isinstance(broadcast, str) or not broadcast.split():
+            raise fail(f"{where}.broadcast", f"must name the dims that may broadcast, e.g. 'b', got {broadcast!r}")
+        parsed = parse_shape(self.shape)
+        known = {str(d) for d in parsed.dims if not isinstance(d, int)} | ({f"*{parsed.batch}"} if parsed.batch else set())
+        known |= {str(d) for d in parsed.dims if isinstance(d, int)}
+        for token in broadcast.split():
+            if token not in known:
+                raise fail(f"{where}.broadcast", f"{token!r} is not a dim of shape {self.shape!r} (dims: {sorted(known)})")
+
+
 @dataclass(frozen=True)
-class Tensor:
+class Tensor(_Shaped):
     """A floating-point tensor argument.
 
-    ``shape``: symbolic dims, e.g. ``"*batch n d"``; ``requires_grad=False`` for a tensor that
-    never requires grad; ``domain``: ``"real"``, ``"positive"``, ``"nonzero"`` (bounded away
-    from zero), ``"unit"`` (open 0..1) or a ``(low, high)`` interval; ``broadcastable=True``
-    lets the suite drop leading dims and set dims to 1 (numpy broadcasting against the others);
-    ``kinks``: values where the op is not differentiable elementwise (``clamp``'s bounds, a
-    threshold), as numbers or names of Scalar inputs (``"-name"`` for minus its value): the
-    finite-difference contracts keep every element well away from them, as they keep the
-    elements of a tensor apart from each other (ties of ``max``/``sort``) for every spec.
+    ``shape``: symbolic dims, e.g. ``"*batch n d"`` (``"d:even"``: d a multiple of 2;
+    ``"2*f"``: twice f); ``requires_grad=False`` for a tensor that never requires grad;
+    ``domain``: ``"real"``, ``"positive"``, ``"nonzero"`` (bounded away from zero), ``"unit"``
+    (open 0..1) or a ``(low, high)`` interval; ``broadcastable=True`` lets the suite drop leading
+    dims and set dims to 1 (numpy broadcasting against the others); ``broadcast="b"`` allows
+    that for the named dims only (``"*batch"``: the batch dims); ``kinks``: values where the op
+    is not differentiable elementwise (``clamp``'s bounds, a threshold), as numbers or names of
+    Scalar inputs (``"-name"`` for minus its value): the finite-difference contracts keep every
+    element well away from them, as they keep the elements of a tensor apart from each other
+    (ties of ``max``/``sort``) for every spec.
     """
 
     name: str
@@ -129,16 +267,50 @@ class Tensor:
     domain: Domain = "real"
     broadcastable: bool = False
     kinks: tuple[float | str, ...] = ()
+    broadcast: str | None = None
 
     kind = "tensor"
 
     @property
-    def parsed(self) -> ShapeSpec:
-        return parse_shape(self.shape)
+    def differentiable(self) -> bool:
+        return self.requires_grad
+
+    def broadcast_tokens(self) -> frozenset[str] | None:
+        if self.broadcastable:
+            parsed = self.parsed
+            return frozenset({f"*{parsed.batch}"} if parsed.batch else set()) | {str(d) for d in parsed.dims}
+        return frozenset(self.broadcast.split()) if self.broadcast else None
+
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        self._check_shape(fail, where)
+        _check_domain(self.domain, fail, f"{where}.domain")
+        _check_kinks(self.kinks, inputs, fail, f"{where}.kinks")
+        if not isinstance(self.requires_grad, bool):
+            raise fail(f"{where}.requires_grad", f"must be True or False, got {self.requires_grad!r}")
+        self._check_broadcast(self.broadcast, self.broadcastable, fail, where)
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        options = case.options
+        seed = distinct_seed(draw(value_seeds(), label=f"{self.name} seed"), self.name)
+        shape = self.drawn_shape(draw, case)
+        scale = draw(magnitudes(dtype=case.dtype, extreme=options.extreme), label=f"{self.name} scale")
+        constant = options.constant_rows and not options.spacing and draw(st.booleans(), label=f"{self.name} constant rows")
+        layout = draw(st.sampled_from(tuple(options.layouts)), label=f"{self.name} layout")
+        # Only constant rows can be stored stride-0 with the same values.
+        constant = constant or layout == "expanded"
+        pattern = "random"
+        if tuple(options.value_patterns) != ("random",) and not options.spacing:
+            pattern = draw(st.sampled_from(tuple(options.value_patterns)), label=f"{self.name} pattern")
+            if pattern == "near_zero" and self.domain != "real":
+                pattern = "random"
+        return TensorRecipe(
+            self.name, shape=shape, seed=seed, domain=self.domain, scale=scale, constant_rows=constant,
+            layout=layout, pattern=pattern,
+        )
 
 
 @dataclass(frozen=True)
-class Mask:
+class Mask(_Shaped):
     """A boolean tensor argument (never requires grad); ``True`` means "keep"."""
 
     name: str
@@ -146,37 +318,238 @@ class Mask:
 
     kind = "mask"
 
-    @property
-    def parsed(self) -> ShapeSpec:
-        return parse_shape(self.shape)
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        self._check_shape(fail, where)
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        shape = self.parsed.concrete(case.sizes, case.batches)
+        seed = distinct_seed(draw(value_seeds(), label=f"{self.name} seed"), self.name)
+        kind = draw(st.sampled_from(tuple(case.options.mask_kinds)), label=f"{self.name} mask kind")
+        density = draw(mask_densities(), label=f"{self.name} mask density") if kind in ("random", "masked_rows") else 0.7
+        return self.recipe_class(self.name, shape=shape, seed=seed, mask_kind=kind, density=density)
+
+    recipe_class: ClassVar[type[MaskRecipe]] = MaskRecipe
 
 
 @dataclass(frozen=True)
-class Index:
-    """An int64 tensor argument with values in ``[0, high)``; ``high`` is a dim name or int."""
+class AdditiveMask(Mask):
+    """A float mask added to scores, in the case dtype: 0 where kept, ``-inf`` where masked
+    (never requires grad). Drawn like :class:`Mask` (random, causal, padding, rows fully
+    masked): a Function must define what a row with no kept key gives, as its reference does."""
+
+    kind = "additive_mask"
+    recipe_class: ClassVar[type[MaskRecipe]] = AdditiveMaskRecipe
+
+
+@dataclass(frozen=True)
+class Index(_Shaped):
+    """An int64 tensor argument with values in ``[0, high)``; ``high`` is a dim name or int.
+
+    ``sentinels``: special values the op must treat apart (cross-entropy's ``ignore_index=-100``):
+    the suite sets none, some or all of the elements to them.
+    """
 
     name: str
     shape: str
     high: str | int
+    sentinels: tuple[int, ...] = ()
 
     kind = "index"
 
-    @property
-    def parsed(self) -> ShapeSpec:
-        return parse_shape(self.shape)
+    def dims_used(self) -> tuple[str, ...]:
+        return self.parsed.names + ((self.high,) if isinstance(self.high, str) else ())
+
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        self._check_shape(fail, where)
+        if not (isinstance(self.high, str) and _IDENT.match(self.high)) and not (
+            isinstance(self.high, int) and not isinstance(self.high, bool) and self.high >= 1
+        ):
+            raise fail(f"{where}.high", f"{self.high!r} must be a dim name or a positive int")
+        if isinstance(self.sentinels, (str, bytes)) or not isinstance(self.sentinels, (tuple, list)):
+            raise fail(f"{where}.sentinels", f"must be a tuple of ints, got {self.sentinels!r}")
+        for sentinel in self.sentinels:
+            if isinstance(sentinel, bool) or not isinstance(sentinel, int):
+                raise fail(f"{where}.sentinels", f"{sentinel!r} is not an int")
+            if sentinel >= 0 and (isinstance(self.high, str) or sentinel < self.high):
+                raise fail(f"{where}.sentinels", f"{sentinel!r} could be a valid index in [0, {self.high}); use a negative value")
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        shape = self.parsed.concrete(case.sizes, case.batches)
+        seed = distinct_seed(draw(value_seeds(), label=f"{self.name} seed"), self.name)
+        high = case.sizes[self.high] if isinstance(self.high, str) else self.high
+        fraction = 0.0
+        if self.sentinels:
+            fraction = draw(st.sampled_from(SENTINEL_FRACTIONS), label=f"{self.name} sentinel fraction")
+        return IndexRecipe(self.name, shape=shape, seed=seed, high=high, sentinels=tuple(self.sentinels), sentinel_fraction=fraction)
+
+
+# Shares of an Index input set to its sentinels: none (shrinks here), some, all.
+SENTINEL_FRACTIONS = (0.0, 0.3, 1.0)
 
 
 @dataclass(frozen=True)
 class Scalar:
-    """A non-tensor argument: a constant, or a Hypothesis strategy drawn per example."""
+    """A non-tensor argument: a constant, a Hypothesis strategy drawn per example, or
+    ``from_case=lambda case: ...`` -- a value or strategy built from the case drawn so far
+    (``case.sizes``, ``case.shape("x")``, ``case.ndim("x")``, ``case.value("name")`` of an
+    earlier Scalar or Offsets input, ``case.max_length("cu_seqlens")``), e.g. a ``dim`` in
+    ``[-ndim, ndim)`` of the drawn rank."""
 
     name: str
-    value: Any
+    value: Any = _NO_VALUE
+    from_case: Callable[[Any], Any] | None = None
 
     kind = "scalar"
 
+    def dims_used(self) -> tuple[str, ...]:
+        return ()
 
-InputSpec = Union[Tensor, Mask, Index, Scalar]
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        if self.from_case is not None:
+            if self.value is not _NO_VALUE:
+                raise fail(f"{where}.from_case", f"Scalar {self.name!r}: give a value or from_case, not both")
+            if not callable(self.from_case):
+                raise fail(f"{where}.from_case", f"Scalar {self.name!r}: {self.from_case!r} is not callable")
+            return
+        if self.value is _NO_VALUE:
+            raise fail(f"{where}.value", f"Scalar {self.name!r} needs a value (a constant or a strategy) or from_case=")
+        _check_scalar(self, fail, f"{where}.value")
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        value = self.value
+        if self.from_case is not None:
+            value = self.from_case(case)
+        if isinstance(value, st.SearchStrategy):
+            value = draw(value, label=self.name)
+        return ScalarRecipe(self.name, value=value)
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """Cumulative offsets of packed variable-length sequences (flash-attention's ``cu_seqlens``):
+    an int32 tensor ``[0, c1, ..., total]`` of ``sequences + 1`` entries, non-decreasing, so
+    zero-length sequences occur; ``total`` is the packed dim of the other inputs (``"t h d"``).
+    Each sequence's length is drawn; shrinks towards one sequence holding everything."""
+
+    name: str
+    sequences: str
+    total: str
+
+    kind = "offsets"
+
+    def dims_used(self) -> tuple[str, ...]:
+        return (self.sequences, self.total)
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        for field_name in ("sequences", "total"):
+            value = getattr(self, field_name)
+            if not isinstance(value, str) or not _IDENT.match(value):
+                raise fail(f"{where}.{field_name}", f"must be a dim name, got {value!r}")
+        if self.sequences == self.total:
+            raise fail(f"{where}.total", f"must differ from sequences={self.sequences!r}")
+        shaped = [i for i in inputs if isinstance(i, _Shaped) and self.total in i.parsed.names]
+        if not shaped:
+            raise fail(f"{where}.total", f"{self.total!r} is not a dim of any tensor input (the packed dim, e.g. 't h d')")
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        count, total = case.sizes[self.sequences], case.sizes[self.total]
+        cuts = [0]
+        for index in range(count - 1):
+            # Mode 0 (where shrinking goes): the sequence is empty; else any length that fits.
+            empty = draw(st.integers(min_value=0, max_value=3), label=f"{self.name} sequence {index} empty") == 0
+            cuts.append(cuts[-1] if empty else draw(st.integers(min_value=cuts[-1], max_value=total), label=f"{self.name}[{index + 1}]"))
+        cuts.append(total)
+        return OffsetsRecipe(self.name, values=tuple(cuts))
+
+
+@dataclass(frozen=True)
+class Derived(_Shaped):
+    """A tensor computed from the drawn case by ``fn(ctx)`` -- inputs with value preconditions:
+    rotary ``cos``/``sin`` tables from positions, positive-definite matrices, probabilities.
+
+    ``fn`` gets a :class:`strategies.recipes.DerivedContext` (``ctx.shape``: this input's drawn
+    shape, after broadcasting; ``ctx.sizes``; ``ctx.generator``: a CPU generator seeded for this
+    call; ``ctx.inputs``: the earlier inputs as CPU float64) and returns a floating tensor of
+    ``ctx.shape``, best computed in float64: the suite casts it. ``seed_from="cos"`` reuses an
+    earlier Derived input's seed (so ``sin`` sees the same positions as ``cos``) and, when both
+    declare the same shape, its drawn (broadcast) shape.
+    ``requires_grad=True`` makes it a differentiable input; ``broadcast`` as for :class:`Tensor`.
+    """
+
+    name: str
+    fn: Callable[[Any], torch.Tensor]
+    shape: str
+    requires_grad: bool = False
+    broadcast: str | None = None
+    seed_from: str | None = None
+
+    kind = "derived"
+
+    @property
+    def differentiable(self) -> bool:
+        return self.requires_grad
+
+    def broadcast_tokens(self) -> frozenset[str] | None:
+        return frozenset(self.broadcast.split()) if self.broadcast else None
+
+    def validate(self, inputs: Sequence[Any], fail: Fail, where: str) -> None:
+        if not callable(self.fn):
+            raise fail(f"{where}.fn", f"{self.fn!r} is not callable (ctx -> tensor of ctx.shape)")
+        self._check_shape(fail, where)
+        if not isinstance(self.requires_grad, bool):
+            raise fail(f"{where}.requires_grad", f"must be True or False, got {self.requires_grad!r}")
+        self._check_broadcast(self.broadcast, False, fail, where)
+        if self.seed_from is not None:
+            earlier = [i.name for i in inputs[: list(inputs).index(self)] if isinstance(i, Derived)]
+            if self.seed_from not in earlier:
+                raise fail(f"{where}.seed_from", f"{self.seed_from!r} is not an earlier Derived input (have {earlier})")
+
+    def draw_recipe(self, draw: st.DrawFn, case: PartialCase) -> Recipe:
+        source = case.recipes.get(self.seed_from) if self.seed_from is not None else None
+        if isinstance(source, DerivedRecipe):
+            seed = source.seed
+        else:
+            seed = distinct_seed(draw(value_seeds(), label=f"{self.name} seed"), self.name)
+        if isinstance(source, DerivedRecipe) and getattr(case.spec.input_named(source.name), "shape", None) == self.shape:
+            shape = source.shape  # drawn like its source: tables of one call share their broadcast form
+        else:
+            shape = self.drawn_shape(draw, case)
+        layout = draw(st.sampled_from(tuple(case.options.layouts)), label=f"{self.name} layout")
+        if layout == "expanded":
+            layout = "contiguous"  # computed values: no constant rows to store stride-0
+        return DerivedRecipe(
+            self.name, shape=shape, seed=seed, sizes=tuple(sorted(case.sizes.items())),
+            requires_grad=self.requires_grad, layout=layout,
+        )
+
+
+@dataclass(frozen=True)
+class Dim:
+    """Rules for one dim, given to ``register(..., dims=[...])``.
+
+    min_size / max_size: hard bounds (``min_size=0`` opts the dim into zero sizes; ``max_size``
+    may name another dim: ``Dim("k", max_size="n")`` keeps a top-k within the row);
+    multiple_of: sizes are multiples of it (``"d:even"`` in a shape says the same);
+    block_sizes: this dim's kernel blocks, whose boundaries (b-1, b, b+1) are drawn.
+    """
+
+    name: str
+    min_size: int | None = None
+    max_size: int | str | None = None
+    multiple_of: int = 1
+    block_sizes: tuple[int, ...] | None = None
+
+
+InputSpec = Union[Tensor, Mask, AdditiveMask, Index, Scalar, Offsets, Derived]
+INPUT_KINDS = (Tensor, Mask, Index, Scalar, Offsets, Derived)
 
 
 # --------------------------------------------------------------------------- the spec
@@ -200,6 +573,9 @@ class Spec:
     waivers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None  # seconds per example; None: the run's --example-timeout
     saves: SavesPromise | None = None  # what forward may keep for backward (the saved_memory contract)
+    dim_rules: Mapping[str, DimRule] = field(default_factory=dict)  # from Dim(...) and "d:even"
+    max_elements: int | None = None  # caps every contract's per-input element budget
+    max_examples: int | None = None  # caps the examples per contract test
     origin: str = "__main__"
     source_file: str = ""
     registered_at: str = ""
@@ -209,25 +585,22 @@ class Spec:
         return tuple(i for i in self.inputs if isinstance(i, Tensor))
 
     @property
-    def differentiable_inputs(self) -> tuple[Tensor, ...]:
-        return tuple(i for i in self.tensor_inputs if i.requires_grad)
+    def differentiable_inputs(self) -> tuple[Tensor | Derived, ...]:
+        return tuple(i for i in self.inputs if i.differentiable)  # type: ignore[misc]
 
     @property
     def dim_names(self) -> tuple[str, ...]:
         names: dict[str, None] = {}
         for spec_input in self.inputs:
-            if not isinstance(spec_input, Scalar):
-                for dim in spec_input.parsed.names:
-                    names[dim] = None
-            if isinstance(spec_input, Index) and isinstance(spec_input.high, str):
-                names[spec_input.high] = None
+            for dim in spec_input.dims_used():
+                names[dim] = None
         return tuple(names)
 
     @property
     def batch_names(self) -> tuple[str, ...]:
         names: dict[str, None] = {}
         for spec_input in self.inputs:
-            if not isinstance(spec_input, Scalar) and spec_input.parsed.batch:
+            if isinstance(spec_input, _Shaped) and spec_input.parsed.batch:
                 names[spec_input.parsed.batch] = None  # type: ignore[index]
         return tuple(names)
 
@@ -237,6 +610,9 @@ class Spec:
 
     def index_of(self, name: str) -> int:
         return [i.name for i in self.inputs].index(name)
+
+    def input_named(self, name: str) -> InputSpec:
+        return self.inputs[self.index_of(name)]
 
     def __repr__(self) -> str:
         return f"<conformance spec {self.name!r}: {self.fn.__module__}.{self.fn.__qualname__}>"
@@ -256,6 +632,9 @@ WAIVABLE = ("unneeded_grads", "unwritten_memory")
 # Default k (error multiplier against the same-dtype reference) and the hard cap on overrides.
 DEFAULT_TOLERANCES = {"output": 2.0, "grad": 3.0}
 MAX_TOLERANCE = 64.0
+# tolerances[dtype]["floor_ulps"]: the floor in rounding steps of the dtype at max|reference|
+# (default numerics.FLOOR_ULPS) for a kernel that is near-exact against an exact reference.
+MAX_FLOOR_ULPS = 256
 
 _REGISTRY: list[Spec] = []
 
@@ -263,6 +642,14 @@ _REGISTRY: list[Spec] = []
 def registered() -> list[Spec]:
     """The specs registered so far, in registration order."""
     return list(_REGISTRY)
+
+
+def registered_spec(name: str) -> Spec:
+    """The registered spec called ``name`` (repro snippets use it to reach a spec's functions)."""
+    for spec in _REGISTRY:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no registered spec {name!r}; registered: {[s.name for s in _REGISTRY]}")
 
 
 def _caller() -> tuple[str, str]:
@@ -297,6 +684,9 @@ def register(
     waivers: Mapping[str, str] | None = None,
     timeout: float | None = None,
     saves: SavesPromise | None = None,
+    dims: Sequence[Dim] = (),
+    max_elements: int | None = None,
+    max_examples: int | None = None,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
 
@@ -320,6 +710,9 @@ def register(
         waivers=waivers or {},
         timeout=timeout,
         saves=saves,
+        dims=dims,
+        max_elements=max_elements,
+        max_examples=max_examples,
         origin=origin,
         registered_at=registered_at,
     )
@@ -380,6 +773,9 @@ def _build_spec(
     waivers: Any = None,
     timeout: Any = None,
     saves: Any = None,
+    dims: Any = (),
+    max_elements: Any = None,
+    max_examples: Any = None,
     registered_at: str = "",
 ) -> Spec:
     shown = str(spec_name)
@@ -393,38 +789,23 @@ def _build_spec(
         raise fail("fn", f"{fn!r} is not a torch.autograd.Function subclass")
 
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-        raise fail("inputs", f"must be a list of Tensor/Scalar/Mask/Index, got {inputs!r}")
+        raise fail("inputs", f"must be a list of Tensor/Scalar/Mask/Index/Derived/Offsets/AdditiveMask, got {inputs!r}")
     inputs = tuple(inputs)
     seen: set[str] = set()
     for position, spec_input in enumerate(inputs):
         where = f"inputs[{position}]"
-        if not isinstance(spec_input, (Tensor, Mask, Index, Scalar)):
-            raise fail(where, f"{spec_input!r} is not a Tensor, Scalar, Mask or Index")
+        if not isinstance(spec_input, INPUT_KINDS):
+            raise fail(where, f"{spec_input!r} is not a Tensor, Scalar, Mask, AdditiveMask, Index, Derived or Offsets")
         if not isinstance(spec_input.name, str) or not _IDENT.match(spec_input.name) or keyword.iskeyword(spec_input.name):
             raise fail(f"{where}.name", f"{spec_input.name!r} is not a valid argument name")
         if spec_input.name in seen:
             raise fail(f"{where}.name", f"duplicate argument name {spec_input.name!r}")
         seen.add(spec_input.name)
-        if isinstance(spec_input, Scalar):
-            _check_scalar(spec_input, fail, f"{where}.value")
-            continue
-        try:
-            parsed = parse_shape(spec_input.shape)
-        except ValueError as error:
-            raise fail(f"{where}.shape", f"malformed shape string: {error}") from None
-        if isinstance(spec_input, Tensor):
-            _check_domain(spec_input.domain, fail, f"{where}.domain")
-            _check_kinks(spec_input.kinks, inputs, fail, f"{where}.kinks")
-            if not isinstance(spec_input.requires_grad, bool):
-                raise fail(f"{where}.requires_grad", f"must be True or False, got {spec_input.requires_grad!r}")
-        if isinstance(spec_input, Index):
-            if not (isinstance(spec_input.high, str) and _IDENT.match(spec_input.high)) and not (
-                isinstance(spec_input.high, int) and spec_input.high >= 1
-            ):
-                raise fail(f"{where}.high", f"{spec_input.high!r} must be a dim name or a positive int")
-        del parsed
+        spec_input.validate(inputs, fail, where)
 
     inputs = tuple(replace(i, kinks=tuple(i.kinks)) if isinstance(i, Tensor) else i for i in inputs)
+    inputs = tuple(replace(i, sentinels=tuple(i.sentinels)) if isinstance(i, Index) else i for i in inputs)
+    dim_rules = _dim_rules(inputs, dims, fail)
 
     if not callable(reference):
         raise fail("reference", f"{reference!r} is not callable")
@@ -479,8 +860,14 @@ def _build_spec(
         if not isinstance(ks, Mapping):
             raise fail("tolerances", f"tolerances[{dtype}] must be a mapping, got {ks!r}")
         for key, k in ks.items():
+            if key == "floor_ulps":
+                if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_FLOOR_ULPS:
+                    raise fail("tolerances", f"tolerances[{dtype}]['floor_ulps'] = {k!r} must be an int in [1, {MAX_FLOOR_ULPS}]")
+                continue
             if key not in DEFAULT_TOLERANCES:
-                raise fail("tolerances", f"tolerances[{dtype}] key {key!r} is not one of {tuple(DEFAULT_TOLERANCES)}")
+                raise fail(
+                    "tolerances", f"tolerances[{dtype}] key {key!r} is not one of {(*DEFAULT_TOLERANCES, 'floor_ulps')}"
+                )
             if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= MAX_TOLERANCE:
                 raise fail(
                     "tolerances",
@@ -509,6 +896,10 @@ def _build_spec(
             f"inputs and outputs), got {saves!r}",
         )
 
+    for field_name, budget in (("max_elements", max_elements), ("max_examples", max_examples)):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise fail(field_name, f"must be a positive int (or None for the run's), got {budget!r}")
+
     return Spec(
         fn=fn,
         name=spec_name,
@@ -524,10 +915,82 @@ def _build_spec(
         waivers=dict(waivers),
         timeout=float(timeout) if timeout is not None else None,
         saves=saves,
+        dim_rules=dim_rules,
+        max_elements=max_elements,
+        max_examples=max_examples,
         origin=origin,
         registered_at=registered_at,
         source_file=_source_file(fn),
     )
+
+
+def _dim_rules(inputs: tuple[Any, ...], dims: Any, fail: Fail) -> dict[str, DimRule]:
+    """Per-dim rules from ``Dim(...)`` declarations and ``name:even`` shape annotations."""
+    used = {name for i in inputs for name in i.dims_used()}
+    multiples: dict[str, int] = {}
+    for spec_input in inputs:
+        if isinstance(spec_input, _Shaped):
+            for name, step in spec_input.parsed.multiples:
+                multiples[name] = math.lcm(multiples.get(name, 1), step)
+    if isinstance(dims, (str, bytes, Dim)) or not isinstance(dims, Sequence):
+        raise fail("dims", f"must be a list of Dim(...), got {dims!r}")
+    declared: dict[str, Dim] = {}
+    for position, dim in enumerate(dims):
+        where = f"dims[{position}]"
+        if not isinstance(dim, Dim):
+            raise fail(where, f"{dim!r} is not a Dim")
+        if dim.name not in used:
+            raise fail(f"{where}.name", f"{dim.name!r} is not a dim of any input (dims: {sorted(used)})")
+        if dim.name in declared:
+            raise fail(f"{where}.name", f"dim {dim.name!r} declared twice")
+        declared[dim.name] = dim
+    rules: dict[str, DimRule] = {}
+    for name in sorted(used | set(declared)):
+        dim = declared.get(name, Dim(name))
+        where = f"dims[{list(declared).index(name)}]" if name in declared else f"inputs (dim {name!r})"
+        _check_dim_fields(dim, used, fail, where)
+        at_most = dim.max_size if isinstance(dim.max_size, str) else None
+        try:
+            rule = DimRule(
+                min_size=dim.min_size,
+                max_size=None if at_most is not None else dim.max_size,  # type: ignore[arg-type]
+                multiple_of=math.lcm(dim.multiple_of, multiples.get(name, 1)),
+                block_sizes=tuple(dim.block_sizes) if dim.block_sizes is not None else None,
+                at_most=at_most,
+            )
+        except Exception as error:  # bounds that leave no legal size (hypothesis' InvalidArgument)
+            raise fail(where, f"dim {name!r}: {error}") from None
+        if rule != DimRule():
+            rules[name] = rule
+    try:
+        from strategies.dims import _rule_order
+
+        _rule_order(tuple(sorted(used)), rules)
+    except Exception as error:
+        raise fail("dims", str(error)) from None
+    return rules
+
+
+def _check_dim_fields(dim: Dim, used: set[str], fail: Fail, where: str) -> None:
+    def is_count(value: Any, low: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    if dim.min_size is not None and not is_count(dim.min_size, 0):
+        raise fail(f"{where}.min_size", f"must be an int >= 0 (0 allows zero-size dims) or None, got {dim.min_size!r}")
+    if isinstance(dim.max_size, str):
+        if dim.max_size not in used:
+            raise fail(f"{where}.max_size", f"{dim.max_size!r} is not a dim of any input (dims: {sorted(used)})")
+        if dim.max_size == dim.name:
+            raise fail(f"{where}.max_size", f"dim {dim.name!r} cannot be bounded by itself")
+    elif dim.max_size is not None and not is_count(dim.max_size, 1):
+        raise fail(f"{where}.max_size", f"must be an int >= 1, another dim's name or None, got {dim.max_size!r}")
+    if not is_count(dim.multiple_of, 1):
+        raise fail(f"{where}.multiple_of", f"must be an int >= 1, got {dim.multiple_of!r}")
+    blocks = dim.block_sizes
+    if blocks is not None and (
+        isinstance(blocks, (str, bytes)) or not isinstance(blocks, (tuple, list)) or not all(is_count(b, 2) for b in blocks)
+    ):
+        raise fail(f"{where}.block_sizes", f"must be a tuple of ints >= 2 (or None for the run's), got {blocks!r}")
 
 
 def _source_file(fn: type) -> str:
@@ -562,7 +1025,7 @@ def _check_kinks(kinks: Any, inputs: Sequence[Any], fail: Callable[[str, str], S
             if name not in scalars:
                 raise fail(where, f"{kink!r} names no Scalar input (Scalar inputs: {sorted(scalars)})")
             value = scalars[name].value
-            if not is_strategy(value) and not _is_real(value):
+            if scalars[name].from_case is None and not is_strategy(value) and not _is_real(value):
                 raise fail(where, f"{kink!r} refers to Scalar {name!r} = {value!r}, which is not a finite number")
         elif not _is_real(kink):
             raise fail(where, f"kink {kink!r} is not a finite number or the name of a Scalar input")

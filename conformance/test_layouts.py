@@ -27,6 +27,7 @@ from conformance.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp,
 from conformance.report import fail
 from conformance.runner import Target
 from strategies.cases import GRAD_LAYOUTS, Case
+from strategies.recipes import FloatingRecipe
 from strategies.values import tensor_from_seed
 
 # Every non-contiguous layout; degenerate ones (transposed 1-d, expanded non-constant rows,
@@ -140,7 +141,7 @@ def _describe_layouts(case: Case, args: list[Any], grad_outputs: tuple[torch.Ten
     parts = [
         f"{r.name}: {r.layout}, stride {tuple(a.stride())}"
         for r, a in zip(case.recipes, args)
-        if r.kind == "tensor" and isinstance(a, torch.Tensor)
+        if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor)
     ]
     parts += [f"grad_output[{i}]: stride {tuple(g.stride())}" for i, g in enumerate(grad_outputs)]
     return "; ".join(parts)
@@ -156,7 +157,7 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
         data, layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True
     )
     case = replace(case, grad_layout=data.draw(st.sampled_from(GRAD_LAYOUTS), label="grad_output layout"))
-    contiguous_case = replace(case, recipes=tuple(replace(r, layout="contiguous") for r in case.recipes))
+    contiguous_case = replace(case, recipes=tuple(replace(r, layout="contiguous") if isinstance(r, FloatingRecipe) else r for r in case.recipes))
     baseline = _run(contiguous_case, target, grad_outputs=lambda outs: tuple(g.contiguous() for g in case.grad_outputs(outs)))
     require_sound(target.contract, baseline)  # broken even on contiguous tensors: another contract's finding
     try:

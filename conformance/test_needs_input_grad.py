@@ -30,6 +30,7 @@ from conformance.harness import Execution, execute, fixed_rng, why_no_backward
 from conformance.report import ContractFailure, describe_value, fail
 from conformance.runner import Target
 from strategies.cases import Case
+from strategies.recipes import FloatingRecipe
 
 # Subsets are enumerated exhaustively up to this many differentiable inputs (2**4 runs).
 EXHAUSTIVE_INPUTS = 4
@@ -166,7 +167,7 @@ def _check_subset(
     requiring = sorted(case.requires_grad)
     unneeded = False  # efficiency: a differentiable input whose gradient this call did not need
     for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
-        if recipe.kind != "tensor":
+        if not isinstance(recipe, FloatingRecipe):
             continue  # gradients for non-tensor inputs are return_count's finding
         needed = position < len(needs) and needs[position]
         where = f"{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}"
@@ -202,7 +203,7 @@ def _check_subset(
         return unneeded
     for recipe, grad in zip(case.recipes, call.raw):
         want = expected.get(recipe.name)
-        if recipe.kind != "tensor" or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
+        if not isinstance(recipe, FloatingRecipe) or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
             continue
         if tuple(grad.shape) != tuple(want.shape):
             fail(

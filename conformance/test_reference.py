@@ -30,6 +30,7 @@ from conformance.numerics import (
     checked_positions,
     compare_budget,
     evaluate_spec,
+    floor_ulps,
     multiplier,
     neighbour,
     strict_float32,
@@ -71,7 +72,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     resamples: list[tuple[Evaluated, Evaluated]] = []
     if dtype != torch.float64:
         generator = torch.Generator().manual_seed(
-            zlib.crc32(repr((case.grad_seed, [r.seed for r in case.recipes], dtype_name)).encode())
+            zlib.crc32(repr((case.grad_seed, [getattr(r, "seed", 0) for r in case.recipes], dtype_name)).encode())
         )
         for _ in range(RESAMPLES):
             moved_args = [neighbour(a, generator) for a in pristine]
@@ -141,7 +142,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
             continue
         comparison = compare_budget(
             got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, k=multiplier(spec, dtype, which),
-            what=what, where=where,
+            what=what, where=where, steps=floor_ulps(spec, dtype),
         )
         if comparison is not None:
             fail(comparison.summary, comparison.details)

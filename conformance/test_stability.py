@@ -33,6 +33,7 @@ from conformance.numerics import compare_finiteness, evaluate_spec, strict_float
 from conformance.report import fail
 from conformance.runner import Target
 from strategies.cases import Case
+from strategies.recipes import MaskRecipe, TensorRecipe
 from strategies.values import MASK_KINDS
 
 FAMILIES = ("extreme", "degenerate", "single")
@@ -41,7 +42,9 @@ FAMILIES = ("extreme", "degenerate", "single")
 def degenerate(case: Case) -> Case:
     """``case`` with constant last-dim rows in every tensor and a fully masked row in every mask."""
     recipes = tuple(
-        replace(r, constant_rows=True) if r.kind == "tensor" else replace(r, mask_kind="masked_rows") if r.kind == "mask" else r
+        replace(r, constant_rows=True) if isinstance(r, TensorRecipe)
+        else replace(r, mask_kind="masked_rows") if isinstance(r, MaskRecipe)
+        else r
         for r in case.recipes
     )
     return replace(case, recipes=recipes, notes={**case.notes, "family": "degenerate"})
@@ -56,7 +59,7 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     dtype = case.dtype
     fn_name = spec.fn.__qualname__
     dtype_name = str(dtype).removeprefix("torch.")
-    scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if r.kind == "tensor")
+    scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
     with random_state(spec, case):  # declared random: every evaluation draws the same numbers
         impl = execute(case)
     require_sound(target.contract, impl)
@@ -107,14 +110,14 @@ def one_extreme(case: Case, data: st.DataObject) -> Case:
     in that dtype, which says nothing about the op's stability; one large input (large logits)
     is what users report.
     """
-    tensors = [i for i, r in enumerate(case.recipes) if r.kind == "tensor"]
+    tensors = [i for i, r in enumerate(case.recipes) if isinstance(r, TensorRecipe)]
     if not tensors:
         return case
     keep = data.draw(st.sampled_from(tensors), label="extreme input")
     limit = FLOAT64_MAX_SCALE if case.dtype == torch.float64 else math.inf
     recipes = tuple(
         replace(r, scale=min(r.scale, limit) if i == keep else min(r.scale, 1.0))
-        if r.kind == "tensor" and r.scale > 1.0
+        if isinstance(r, TensorRecipe) and r.scale > 1.0
         else r
         for i, r in enumerate(case.recipes)
     )

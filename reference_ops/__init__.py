@@ -11,8 +11,11 @@ from reference_ops import (
     elementwise,
     estimators,
     linalg,
+    losses,
+    mlp,
     normalization,
     reductions,
+    rotary,
     triton,  # Triton kernels; registers nothing when Triton is not installed
 )
 
@@ -22,7 +25,10 @@ __all__ = [
     "elementwise",
     "estimators",
     "linalg",
+    "losses",
+    "mlp",
     "normalization",
     "reductions",
+    "rotary",
     "triton",
 ]

@@ -6,9 +6,21 @@ Each family is a standalone public strategy (``sizes``, ``dim_sizes``, ``batch_s
 ``cases(spec, ...)``, which draws whole calls of a registered Function.
 """
 
-from strategies.cases import LAYOUTS, ArgRecipe, Case, apply_layout, cases, fit_to_budget, layouts, shape_of
-from strategies.dims import BLOCK_SIZES, batch_shapes, broadcast_forms, dim_sizes, sizes, sizes_near_blocks
+from strategies.cases import LAYOUTS, Case, PartialCase, apply_layout, cases, fit_to_budget, layouts, shape_of
+from strategies.dims import BLOCK_SIZES, DimRule, batch_shapes, broadcast_forms, dim_sizes, sizes, sizes_near_blocks
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
+from strategies.recipes import (
+    AdditiveMaskRecipe,
+    DerivedContext,
+    DerivedRecipe,
+    IndexRecipe,
+    MaskRecipe,
+    OffsetsRecipe,
+    Recipe,
+    ScalarRecipe,
+    TensorRecipe,
+    derived_from_seed,
+)
 from strategies.values import (
     DOMAINS,
     GRAD_OUTPUT_KINDS,
@@ -35,14 +47,25 @@ __all__ = [
     "LAYOUTS",
     "MASK_KINDS",
     "VALUE_PATTERNS",
-    "ArgRecipe",
+    "AdditiveMaskRecipe",
     "Case",
+    "DerivedContext",
+    "DerivedRecipe",
+    "DimRule",
+    "IndexRecipe",
+    "MaskRecipe",
+    "OffsetsRecipe",
+    "PartialCase",
+    "Recipe",
+    "ScalarRecipe",
+    "TensorRecipe",
     "additive_mask_from_seed",
     "additive_masks",
     "apply_layout",
     "batch_shapes",
     "broadcast_forms",
     "cases",
+    "derived_from_seed",
     "device_supports",
     "dim_sizes",
     "dtypes_for",

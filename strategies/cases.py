@@ -17,19 +17,16 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from strategies.dims import batch_shapes, broadcast_forms, dim_sizes
+from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
+from strategies.recipes import OffsetsRecipe, Recipe, ScalarRecipe, TensorRecipe
 from strategies.values import (
     GRAD_OUTPUT_KINDS,
     MASK_KINDS,
     VALUE_PATTERNS,
     distinct_seed,
     grad_output_from_seed,
-    index_from_seed,
     magnitudes,
-    mask_densities,
-    mask_from_seed,
-    tensor_from_seed,
     value_seeds,
 )
 
@@ -39,8 +36,9 @@ if TYPE_CHECKING:
 __all__ = [
     "GRAD_LAYOUTS",
     "LAYOUTS",
-    "ArgRecipe",
     "Case",
+    "DrawOptions",
+    "PartialCase",
     "apply_grad_layout",
     "apply_layout",
     "broadcast_forms",
@@ -49,64 +47,6 @@ __all__ = [
     "layouts",
     "shape_of",
 ]
-
-
-@dataclass(frozen=True)
-class ArgRecipe:
-    """How to rebuild one argument: a tensor/mask/index from a seed, or a scalar value."""
-
-    name: str
-    kind: str  # "tensor" | "mask" | "index" | "scalar"
-    shape: tuple[int, ...] = ()
-    seed: int = 0
-    domain: Any = "real"
-    scale: float = 1.0
-    constant_rows: bool = False
-    mask_kind: str = "random"
-    high: int = 1
-    value: Any = None
-    layout: str = "contiguous"
-    density: float = 0.7
-    pattern: str = "random"
-    # Finite differences: elements at least ``spacing`` apart and from ``kinks`` (see spread()).
-    spacing: float = 0.0
-    kinks: tuple[float, ...] = ()
-
-    def build(self, dtype: torch.dtype, device: str) -> Any:
-        if self.kind == "scalar":
-            return self.value
-        if self.kind == "mask":
-            return mask_from_seed(self.shape, seed=self.seed, kind=self.mask_kind, density=self.density, device=device)
-        if self.kind == "index":
-            return index_from_seed(self.shape, seed=self.seed, high=self.high, device=device)
-        tensor = tensor_from_seed(
-            self.shape, dtype, seed=self.seed, domain=self.domain, scale=self.scale,
-            device=device, constant_rows=self.constant_rows, pattern=self.pattern,
-            spacing=self.spacing, kinks=self.kinks,
-        )
-        return apply_layout(tensor, self.layout)
-
-    def source(self, dtype: torch.dtype, device: str) -> str:
-        """Python source that rebuilds this argument (used in repro snippets)."""
-        if self.kind == "scalar":
-            return repr(self.value)
-        if self.kind == "mask":
-            density = f", density={self.density!r}" if self.density != 0.7 else ""
-            return f"mask_from_seed({self.shape!r}, seed={self.seed}, kind={self.mask_kind!r}{density}, device={device!r})"
-        if self.kind == "index":
-            return f"index_from_seed({self.shape!r}, seed={self.seed}, high={self.high}, device={device!r})"
-        extra = ", constant_rows=True" if self.constant_rows else ""
-        if self.pattern != "random":
-            extra += f", pattern={self.pattern!r}"
-        if self.spacing:
-            extra += f", spacing={self.spacing!r}" + (f", kinks={self.kinks!r}" if self.kinks else "")
-        text = (
-            f"tensor_from_seed({self.shape!r}, {dtype}, seed={self.seed}, domain={self.domain!r}, "
-            f"scale={self.scale!r}, device={device!r}{extra})"
-        )
-        if self.layout != "contiguous":
-            text = f"apply_layout({text}, {self.layout!r})"
-        return text
 
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded", "channels_last", "permuted", "swapped")
@@ -241,7 +181,7 @@ class Case:
     dtype: torch.dtype
     sizes: dict[str, int]
     batches: dict[str, tuple[int, ...]]
-    recipes: tuple[ArgRecipe, ...]
+    recipes: tuple[Recipe, ...]
     requires_grad: frozenset[str]
     grad_seed: int = 0
     grad_scale: float = 1.0
@@ -260,15 +200,15 @@ class Case:
         dtype = dtype or self.dtype
         device = device or self.device
         wanted = self.requires_grad if requires_grad is None else requires_grad
-        built = []
-        for recipe in self.recipes:
-            value = recipe.build(dtype, device)
-            if recipe.kind == "tensor" and recipe.name in wanted:
+        built: dict[str, Any] = {}
+        for recipe, spec_input in zip(self.recipes, self.spec.inputs, strict=True):
+            value = recipe.build(dtype, device, spec_input=spec_input, earlier=built)
+            if recipe.differentiable and recipe.name in wanted:
                 # A leaf that requires grad, keeping the recipe's layout (requires_grad_ on a view
                 # of a non-leaf buffer would not make a leaf).
                 value = value.detach().requires_grad_(True)
-            built.append(value)
-        return built
+            built[recipe.name] = value
+        return list(built.values())
 
     def grad_outputs(self, outputs: Sequence[torch.Tensor], *, dtype: torch.dtype | None = None, device: str | None = None) -> tuple[torch.Tensor, ...]:
         """One grad_output per given output, from ``grad_seed`` (same values for every dtype),
@@ -295,14 +235,7 @@ class Case:
         return replace(self, dtype=dtype)
 
     def describe(self) -> str:
-        parts = []
-        for recipe in self.recipes:
-            if recipe.kind == "scalar":
-                parts.append(f"{recipe.name}={recipe.value!r}")
-            else:
-                grad = ", requires_grad" if recipe.name in self.requires_grad else ""
-                extra = f", layout={recipe.layout}" if recipe.layout != "contiguous" else ""
-                parts.append(f"{recipe.name}: {recipe.kind}{tuple(recipe.shape)}{extra}{grad}")
+        parts = [recipe.describe() + (", requires_grad" if recipe.name in self.requires_grad else "") for recipe in self.recipes]
         if self.grad_layout != "as_drawn":
             parts.append(f"grad_outputs: {self.grad_kind}, layout={self.grad_layout}")
         return f"{self.dtype} on {self.device}; " + "; ".join(parts)
@@ -312,8 +245,9 @@ class Case:
         fn = self.spec.fn
         lines = [
             "import torch",
-            "from strategies.values import tensor_from_seed, mask_from_seed, index_from_seed, grad_output_from_seed",
+            "from strategies.values import tensor_from_seed, mask_from_seed, additive_mask_from_seed, index_from_seed, grad_output_from_seed",
             "from strategies.cases import apply_layout",
+            "from strategies.recipes import derived_from_seed",
         ]
         module = sys.modules.get(fn.__module__)
         top = fn.__qualname__.split(".")[0]
@@ -323,9 +257,12 @@ class Case:
             lines.append(f"{top} = import_path({source_file!r}).{top}")
         else:
             lines.append(f"from {fn.__module__} import {top}")
-        names = []
-        for recipe in self.recipes:
-            source = recipe.source(self.dtype, self.device)
+        names: list[str] = []
+        for recipe, spec_input in zip(self.recipes, self.spec.inputs, strict=True):
+            source = recipe.source(self.dtype, self.device, spec_input=spec_input, earlier=tuple(names))
+            if "spec.input_named(" in source and not any(line.startswith("spec = registered_spec(") for line in lines):
+                lines.append("from conformance.spec import registered_spec")
+                lines.append(f"spec = registered_spec({self.spec.name!r})")
             if recipe.name in self.requires_grad:
                 source += ".detach().requires_grad_()"
             lines.append(f"{recipe.name} = {source}")
@@ -360,23 +297,27 @@ def _resolve_kinks(spec_input: Any, scalars: dict[str, Any]) -> tuple[float, ...
 
 
 def shape_of(spec_input: Any, sizes: dict[str, int], batches: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-    """The concrete shape of a Tensor/Mask/Index spec input under drawn sizes."""
-    parsed = spec_input.parsed
-    shape: list[int] = list(batches[parsed.batch]) if parsed.batch else []
-    shape.extend(sizes[d] if isinstance(d, str) else d for d in parsed.dims)
-    return tuple(shape)
+    """The concrete (unbroadcast) shape of a shaped spec input under drawn sizes."""
+    return tuple(spec_input.parsed.concrete(sizes, batches))
 
 
 def fit_to_budget(
-    spec: Spec, sizes: dict[str, int], batches: dict[str, tuple[int, ...]], max_elements: int
+    spec: Spec,
+    sizes: dict[str, int],
+    batches: dict[str, tuple[int, ...]],
+    max_elements: int,
+    *,
+    min_size: int = 1,
 ) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Halve the largest dims until every input has at most ``max_elements`` elements.
+    """Halve the largest dims until every input has at most ``max_elements`` elements, keeping
+    each dim legal under the spec's dim rules (multiples, bounds, ``at_most``).
 
     Deterministic, so shrinking the drawn sizes still shrinks the result.
     """
     sizes = dict(sizes)
     batches = {k: list(v) for k, v in batches.items()}  # type: ignore[misc]
-    shaped = [i for i in spec.inputs if getattr(i, "kind", "scalar") != "scalar"]
+    rules: dict[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
+    shaped = [i for i in spec.inputs if hasattr(i, "parsed")]
     for _ in range(200):
         numels = [(_numel(shape_of(i, sizes, batches)), i) for i in shaped]  # type: ignore[arg-type]
         if not numels:
@@ -384,16 +325,22 @@ def fit_to_budget(
         largest_numel, largest = max(numels, key=lambda pair: pair[0])
         if largest_numel <= max_elements:
             break
-        parsed = largest.parsed  # type: ignore[union-attr]
-        candidates: list[tuple[int, str, Any]] = [(sizes[d], "dim", d) for d in parsed.dims if isinstance(d, str)]
+        parsed = largest.parsed
+        candidates: list[tuple[int, str, Any]] = []
+        for name in dict.fromkeys(parsed.names):
+            rule = rules.get(name, DimRule())
+            if rule.fit((sizes[name] + 1) // 2, run_min=min_size) < sizes[name]:
+                candidates.append((sizes[name], "dim", name))
         if parsed.batch:
-            candidates += [(s, "batch", (parsed.batch, j)) for j, s in enumerate(batches[parsed.batch])]
-        candidates = [c for c in candidates if c[0] > 1]
+            candidates += [(s, "batch", (parsed.batch, j)) for j, s in enumerate(batches[parsed.batch]) if s > 1]
         if not candidates:
-            break  # only literal dims left: the spec itself is larger than the budget
+            break  # only literal or minimal dims left: the spec itself is larger than the budget
         size, where, key = max(candidates, key=lambda c: c[0])
         if where == "dim":
-            sizes[key] = (size + 1) // 2
+            sizes[key] = rules.get(key, DimRule()).fit((size + 1) // 2, run_min=min_size)
+            for name, rule in rules.items():  # dims bounded by the one just halved
+                if rule.at_most is not None:
+                    sizes[name] = rule.fit(sizes[name], run_min=min_size, limit=sizes[rule.at_most])
         else:
             batches[key[0]][key[1]] = (size + 1) // 2  # type: ignore[index]
     return sizes, {k: tuple(v) for k, v in batches.items()}
@@ -404,6 +351,72 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         total *= s
     return total
+
+
+@dataclass(frozen=True)
+class DrawOptions:
+    """What a contract asks :func:`cases` to vary beyond sizes (validated there)."""
+
+    layouts: tuple[str, ...] = ("contiguous",)
+    mask_kinds: tuple[str, ...] = ("random", "all_true", "padding")
+    broadcast: bool = False
+    extreme: bool = False
+    constant_rows: bool = False
+    value_patterns: tuple[str, ...] = ("random",)
+    spacing: float = 0.0
+
+
+@dataclass
+class PartialCase:
+    """The case drawn so far: what ``Scalar(from_case=...)`` functions are given, and what each
+    spec input's ``draw_recipe`` reads (sizes, batch shapes, options, earlier recipes)."""
+
+    spec: Spec
+    dtype: torch.dtype
+    device: str
+    sizes: dict[str, int]
+    batches: dict[str, tuple[int, ...]]
+    options: DrawOptions = field(default_factory=DrawOptions)
+    recipes: dict[str, Recipe] = field(default_factory=dict)
+
+    def _input(self, name: str) -> Any:
+        for spec_input in self.spec.inputs:
+            if spec_input.name == name:
+                return spec_input
+        raise KeyError(f"spec {self.spec.name!r} has no input {name!r} (inputs: {[i.name for i in self.spec.inputs]})")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Input ``name``'s shape: as drawn (after broadcasting) once drawn, else as declared."""
+        if name in self.recipes:
+            return tuple(self.recipes[name].shape)
+        spec_input = self._input(name)
+        if not hasattr(spec_input, "parsed"):
+            raise KeyError(f"input {name!r} is a {spec_input.kind}, which has no shape")
+        return shape_of(spec_input, self.sizes, self.batches)
+
+    def ndim(self, name: str) -> int:
+        """Input ``name``'s number of dims (see :meth:`shape`)."""
+        return len(self.shape(name))
+
+    def value(self, name: str) -> Any:
+        """The drawn value of an earlier Scalar (or the offsets of an earlier Offsets) input."""
+        self._input(name)
+        if name not in self.recipes:
+            raise KeyError(f"input {name!r} is not drawn yet: list it before the input that reads it")
+        recipe = self.recipes[name]
+        if isinstance(recipe, ScalarRecipe):
+            return recipe.value
+        if isinstance(recipe, OffsetsRecipe):
+            return recipe.values
+        raise KeyError(f"input {name!r} is a {recipe.kind}; value() reads Scalar and Offsets inputs")
+
+    def max_length(self, name: str) -> int:
+        """The longest sequence of an earlier Offsets input (flash-attention's ``max_seqlen``)."""
+        recipe = self.recipes.get(name)
+        if not isinstance(recipe, OffsetsRecipe):
+            self._input(name)
+            raise KeyError(f"input {name!r} is not an Offsets input drawn before this one")
+        return max(recipe.lengths, default=0)
 
 
 @st.composite
@@ -480,55 +493,32 @@ def cases(
         supported = tuple(d for d in dtypes if device_supports(device, d))
         dtype_strategy = st.sampled_from(supported or tuple(dtypes))
     dtype = draw(dtype_strategy, label="dtype")
+    rules = dict(getattr(spec, "dim_rules", {}))
     sizes = draw(
-        dim_sizes(spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes, unique=unique_dims),
+        dim_sizes(
+            spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes, unique=unique_dims, rules=rules
+        ),
         label="dim sizes",
     )
     batches = {name: draw(batch_shapes(max_dims=max_batch_dims), label=f"*{name}") for name in spec.batch_names}
-    sizes, batches = fit_to_budget(spec, sizes, batches, max_elements)
+    spec_budget = getattr(spec, "max_elements", None)
+    budget = min(max_elements, spec_budget) if spec_budget is not None else max_elements
+    sizes, batches = fit_to_budget(spec, sizes, batches, budget, min_size=min_size)
 
-    recipes = []
+    options = DrawOptions(
+        layouts=tuple(layouts), mask_kinds=tuple(mask_kinds), broadcast=broadcast, extreme=extreme,
+        constant_rows=constant_rows, value_patterns=tuple(value_patterns), spacing=float(spacing),
+    )
+    partial = PartialCase(spec=spec, dtype=dtype, device=device, sizes=sizes, batches=batches, options=options)
     for spec_input in spec.inputs:
-        if spec_input.kind == "scalar":
-            value = spec_input.value  # type: ignore[union-attr]
-            if isinstance(value, st.SearchStrategy):
-                value = draw(value, label=spec_input.name)
-            recipes.append(ArgRecipe(spec_input.name, "scalar", value=value))
-            continue
-        shape = shape_of(spec_input, sizes, batches)
-        seed = distinct_seed(draw(value_seeds(), label=f"{spec_input.name} seed"), spec_input.name)
-        if spec_input.kind == "mask":
-            kind = draw(st.sampled_from(tuple(mask_kinds)), label=f"{spec_input.name} mask kind")
-            density = draw(mask_densities(), label=f"{spec_input.name} mask density") if kind in ("random", "masked_rows") else 0.7
-            recipes.append(ArgRecipe(spec_input.name, "mask", shape, seed, mask_kind=kind, density=density))
-        elif spec_input.kind == "index":
-            high = spec_input.high  # type: ignore[union-attr]
-            recipes.append(ArgRecipe(spec_input.name, "index", shape, seed, high=sizes[high] if isinstance(high, str) else high))
-        else:
-            if broadcast and spec_input.broadcastable:  # type: ignore[union-attr]
-                shape = draw(broadcast_forms(shape), label=f"{spec_input.name} broadcast shape")
-            scale = draw(magnitudes(dtype=dtype, extreme=extreme), label=f"{spec_input.name} scale")
-            constant = constant_rows and not spacing and draw(st.booleans(), label=f"{spec_input.name} constant rows")
-            layout = draw(st.sampled_from(tuple(layouts)), label=f"{spec_input.name} layout")
-            # Only constant rows can be stored stride-0 with the same values.
-            constant = constant or layout == "expanded"
-            pattern = "random"
-            if tuple(value_patterns) != ("random",) and not spacing:
-                pattern = draw(st.sampled_from(tuple(value_patterns)), label=f"{spec_input.name} pattern")
-                if pattern == "near_zero" and spec_input.domain != "real":  # type: ignore[union-attr]
-                    pattern = "random"
-            recipes.append(
-                ArgRecipe(
-                    spec_input.name, "tensor", shape, seed, domain=spec_input.domain,  # type: ignore[union-attr]
-                    scale=scale, constant_rows=constant, layout=layout, pattern=pattern,
-                )
-            )
+        partial.recipes[spec_input.name] = spec_input.draw_recipe(draw, partial)
+    recipes = list(partial.recipes.values())
 
     if spacing:
-        scalars = {r.name: r.value for r in recipes if r.kind == "scalar"}
+        scalars = {r.name: r.value for r in recipes if isinstance(r, ScalarRecipe)}
         kinks = {i.name: _resolve_kinks(i, scalars) for i in spec.tensor_inputs}
         recipes = [
-            replace(r, spacing=float(spacing), kinks=kinks[r.name]) if r.kind == "tensor" and r.layout != "expanded" else r
+            replace(r, spacing=float(spacing), kinks=kinks[r.name]) if isinstance(r, TensorRecipe) and r.layout != "expanded" else r
             for r in recipes
         ]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import array_shapes
 
-__all__ = ["BLOCK_SIZES", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
+__all__ = ["BLOCK_SIZES", "DimRule", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
 
 # Typical kernel block widths (Triton BLOCK_*, warp multiples): the sizes around them are where
 # masking and tail-handling bugs live.
@@ -76,20 +77,111 @@ def sizes(
     return _sizes(min_size, max_size, blocks)
 
 
+@dataclass(frozen=True)
+class DimRule:
+    """What one dim must satisfy (``conformance.Dim`` and ``"d:even"`` shape tokens compile to it).
+
+    min_size / max_size: hard bounds (None: the run's); max_size never cuts a block-boundary
+    size of its own ``block_sizes``. multiple_of: sizes are multiples of it (drawn sizes are
+    rounded up). block_sizes: this dim's block boundaries (None: the run's). at_most: the name
+    of another dim this one never exceeds (a top-k ``k <= n``).
+    """
+
+    min_size: int | None = None
+    max_size: int | None = None
+    multiple_of: int = 1
+    block_sizes: tuple[int, ...] | None = None
+    at_most: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_size", "max_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidArgument(f"{name}={value!r} must be an int >= 0 or None")
+        if self.min_size is not None and self.max_size is not None and self.max_size < self.min_size:
+            raise InvalidArgument(f"max_size={self.max_size!r} must be >= min_size={self.min_size!r}")
+        if isinstance(self.multiple_of, bool) or not isinstance(self.multiple_of, int) or self.multiple_of < 1:
+            raise InvalidArgument(f"multiple_of={self.multiple_of!r} must be an int >= 1")
+        if self.block_sizes is not None:
+            _check_blocks(self.block_sizes, allow_empty=True)
+        if self.max_size is not None and self.max_size < self.smallest(1):
+            raise InvalidArgument(
+                f"max_size={self.max_size!r} leaves no multiple of {self.multiple_of} >= min_size={self.min_size!r}"
+            )
+
+    def smallest(self, run_min: int) -> int:
+        """The smallest legal size under the run's ``min_size``."""
+        low = self.min_size if self.min_size is not None else run_min
+        return _round_up(low, self.multiple_of)
+
+    def fit(self, size: int, *, run_min: int, limit: int | None = None) -> int:
+        """``size`` made legal: rounded up to a multiple, at least the minimum, at most
+        ``max_size`` and ``limit`` (the ``at_most`` dim's size), rounded down to a multiple there;
+        where the bounds conflict (``limit`` below the minimum) the minimum wins."""
+        low = self.smallest(run_min)
+        size = max(_round_up(size, self.multiple_of), low)
+        high = min(x for x in (self.max_size, limit, size) if x is not None)
+        return max(high - high % self.multiple_of, low)
+
+
+def _round_up(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def _rule_order(names: tuple[str, ...], rules: Mapping[str, DimRule]) -> tuple[str, ...]:
+    """``names`` with every dim after the dim it is bounded by (``at_most``)."""
+    ordered: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        if name in visiting:
+            raise InvalidArgument(f"dims {sorted(visiting)} bound each other in a cycle (at_most)")
+        visiting.add(name)
+        bound = rules[name].at_most if name in rules else None
+        if bound is not None:
+            if bound not in names:
+                raise InvalidArgument(f"dim {name!r} is at most {bound!r}, which is not one of the dims {list(names)}")
+            visit(bound)
+        visiting.discard(name)
+        ordered.append(name)
+
+    for name in names:
+        visit(name)
+    return tuple(ordered)
+
+
 @st.composite
 def _dim_sizes(
-    draw: st.DrawFn, names: tuple[str, ...], min_size: int, max_size: int, blocks: tuple[int, ...], unique: bool
+    draw: st.DrawFn,
+    names: tuple[str, ...],
+    min_size: int,
+    max_size: int,
+    blocks: tuple[int, ...],
+    unique: bool,
+    rules: tuple[tuple[str, DimRule], ...],
 ) -> dict[str, int]:
+    by_name = dict(rules)
     drawn: dict[str, int] = {}
-    one = _sizes(min_size, max_size, blocks)
-    for name in names:
-        size = draw(one, label=f"dim {name}")
+    for name in _rule_order(names, by_name):
+        rule = by_name.get(name, DimRule())
+        low = rule.smallest(min_size)
+        high = max_size if rule.max_size is None else max(low, min(max_size, rule.max_size))
+        own_blocks = blocks if rule.block_sizes is None else rule.block_sizes
+        if rule.max_size is not None:
+            own_blocks = tuple(b for b in own_blocks if b - 1 <= rule.max_size)
+        size = draw(_sizes(low, max(low, high), own_blocks), label=f"dim {name}")
+        limit = drawn[rule.at_most] if rule.at_most is not None else None
+        size = rule.fit(size, run_min=min_size, limit=limit)
         if unique:
             # Deterministic bump (not a filter): keeps generation cheap and shrinking monotone.
-            while size in drawn.values():
-                size += 1
+            while size in drawn.values() and (rule.max_size is None or size + rule.multiple_of <= rule.max_size) and (
+                limit is None or size + rule.multiple_of <= limit
+            ):
+                size += rule.multiple_of
         drawn[name] = size
-    return drawn
+    return {name: drawn[name] for name in names}
 
 
 def dim_sizes(
@@ -99,6 +191,7 @@ def dim_sizes(
     max_size: int = 7,
     block_sizes: Sequence[int] = (16, 32),
     unique: bool = False,
+    rules: Mapping[str, DimRule] | None = None,
 ) -> st.SearchStrategy[dict[str, int]]:
     """One size per distinct dim name (dims that share a name share a size).
 
@@ -107,15 +200,25 @@ def dim_sizes(
     max_size: largest "small" size; block-boundary sizes may exceed it (see :func:`sizes`).
     block_sizes: blocks whose neighbourhood (b-1, b, b+1) is drawn sometimes; () for none.
     unique: give dims with different names different sizes (a transposed-weight bug hides when
-    ``n == d``); a colliding size is bumped up by one until it is free.
-    Shrinks towards every dim at ``min_size`` (``min_size``, ``min_size + 1``, ... when unique).
-    Example: ``dim_sizes(["n", "d"]).example() -> {'n': 3, 'd': 17}``.
+    ``n == d``); a colliding size is bumped up (by its multiple) until it is free, where its
+    bounds allow.
+    rules: per-dim :class:`DimRule` (multiples, hard bounds, own blocks, ``at_most`` another dim).
+    Shrinks towards every dim at its smallest legal size.
+    Example: ``dim_sizes(["n", "d"], rules={"d": DimRule(multiple_of=2)}).example() -> {'n': 3, 'd': 18}``.
     """
     _check_size_bounds(min_size, max_size)
     blocks = tuple(_check_blocks(block_sizes, allow_empty=True))
     if isinstance(names, str) or len(set(names)) != len(list(names)):
         raise InvalidArgument(f"names={names!r} must be a sequence of distinct dim names")
-    return _dim_sizes(tuple(names), min_size, max_size, blocks, bool(unique))
+    given = dict(rules or {})
+    unknown = [name for name in given if name not in names]
+    if unknown:
+        raise InvalidArgument(f"rules for {unknown} name no dim in names={list(names)!r}")
+    for name, rule in given.items():
+        if not isinstance(rule, DimRule):
+            raise InvalidArgument(f"rules[{name!r}]={rule!r} must be a DimRule")
+    _rule_order(tuple(names), given)  # a bad at_most is an error now, not at draw time
+    return _dim_sizes(tuple(names), min_size, max_size, blocks, bool(unique), tuple(given.items()))
 
 
 def batch_shapes(*, min_dims: int = 0, max_dims: int = 2, min_side: int = 1, max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
@@ -133,20 +236,27 @@ def batch_shapes(*, min_dims: int = 0, max_dims: int = 2, min_side: int = 1, max
 
 
 @st.composite
-def _broadcast_forms(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
-    # A fixed number of choices (one flag per dim, then the drop count), so that shrinking,
-    # which prefers shorter choice sequences, goes to ``shape`` itself and not to ``()``.
-    ones = [draw(st.booleans(), label=f"dim {i} -> 1") for i in range(len(shape))]
-    dropped = draw(st.integers(min_value=0, max_value=len(shape)), label="leading dims dropped")
+def _broadcast_forms(draw: st.DrawFn, shape: tuple[int, ...], allowed: tuple[bool, ...]) -> tuple[int, ...]:
+    # A fixed number of choices (one flag per broadcastable dim, then the drop count), so that
+    # shrinking, which prefers shorter choice sequences, goes to ``shape`` itself and not to ``()``.
+    ones = [draw(st.booleans(), label=f"dim {i} -> 1") if ok else False for i, ok in enumerate(allowed)]
+    leading = next((i for i, ok in enumerate(allowed) if not ok), len(shape))
+    dropped = draw(st.integers(min_value=0, max_value=leading), label="leading dims dropped") if leading else 0
     return tuple(1 if one else size for one, size in zip(ones[dropped:], shape[dropped:], strict=True))
 
 
-def broadcast_forms(shape: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
+def broadcast_forms(shape: tuple[int, ...], *, allowed: Sequence[bool] | None = None) -> st.SearchStrategy[tuple[int, ...]]:
     """Shapes that broadcast to ``shape``: leading dims dropped, others set to 1.
 
     shape: the full shape the result must broadcast to (a tuple of ints >= 0).
+    allowed: per dim, whether it may broadcast (set to 1, or dropped while every dim before it
+    may be too); None: every dim. A rotary ``cos`` table ``(b, s, 1, d)`` broadcast over the
+    batch only: ``allowed=(True, False, True, False)``.
     Shrinks towards ``shape`` itself. Example: ``broadcast_forms((2, 3, 4)).example() -> (1, 4)``.
     """
     if not isinstance(shape, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape):
         raise InvalidArgument(f"shape={shape!r} must be a tuple of ints >= 0")
-    return _broadcast_forms(shape)
+    flags = (True,) * len(shape) if allowed is None else tuple(allowed)
+    if len(flags) != len(shape) or any(not isinstance(f, bool) for f in flags):
+        raise InvalidArgument(f"allowed={allowed!r} must be one bool per dim of shape={shape!r}")
+    return _broadcast_forms(shape, flags)

@@ -277,13 +277,33 @@ def mask_from_seed(
 
 
 def index_from_seed(
-    shape: tuple[int, ...], *, seed: int, high: int, device: str | torch.device = "cpu"
+    shape: tuple[int, ...],
+    *,
+    seed: int,
+    high: int,
+    device: str | torch.device = "cpu",
+    sentinels: Sequence[int] = (),
+    sentinel_fraction: float = 0.0,
 ) -> torch.Tensor:
-    """An int64 tensor of ``shape`` with values uniform in ``[0, high)``."""
+    """An int64 tensor of ``shape`` with values uniform in ``[0, high)``; about a
+    ``sentinel_fraction`` of the elements (all of them at 1.0) replaced by values drawn from
+    ``sentinels`` (e.g. cross-entropy's ``ignore_index=-100``)."""
     if high < 1:
         raise InvalidArgument(f"high={high!r} must be >= 1")
+    if not 0.0 <= sentinel_fraction <= 1.0:
+        raise InvalidArgument(f"sentinel_fraction={sentinel_fraction!r} must be in [0, 1]")
+    if sentinel_fraction and not tuple(sentinels):
+        raise InvalidArgument(f"sentinel_fraction={sentinel_fraction!r} needs sentinels")
     generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.randint(0, int(high), tuple(shape), generator=generator, dtype=torch.int64, device="cpu").to(device)
+    index = torch.randint(0, int(high), tuple(shape), generator=generator, dtype=torch.int64, device="cpu")
+    if sentinel_fraction:
+        # Drawn after the indices: the valid positions keep the values they have without sentinels.
+        chosen = torch.rand(tuple(shape), generator=generator, dtype=torch.float32) < sentinel_fraction
+        if sentinel_fraction >= 1.0:
+            chosen = torch.ones_like(chosen)
+        which = torch.randint(0, len(sentinels), tuple(shape), generator=generator, dtype=torch.int64)
+        index = torch.where(chosen, torch.tensor(tuple(sentinels), dtype=torch.int64)[which], index)
+    return index.to(device)
 
 
 GRAD_OUTPUT_KINDS = ("random", "zeros", "scaled", "per_row", "noncontiguous", "expanded")

@@ -139,6 +139,14 @@ def test_quickstart_claims(tmp_path: Path) -> None:
     assert re.search(r"^rmsnorm-cpu +b +- +b +F +\. +\. +b ", bad.stdout, re.M), bad.stdout[-3000:]
 
 
+def test_excerpts_are_still_in_their_files() -> None:
+    excerpts = [b for b in DOC.blocks(REPO) if b.kind == "excerpt"]
+    assert excerpts, "docs/specs.md quotes the reference_ops specs that use the spec language"
+    for block in excerpts:
+        source = (REPO / block.name).read_text()
+        assert block.text in source, f"{block.where}: the excerpt is no longer in {block.name}; copy it again"
+
+
 def test_docs_only_name_files_that_exist() -> None:
     for path in DOC.documents(REPO):
         for target in re.findall(r"\]\(([^)#:]+)\)", path.read_text()):

@@ -14,7 +14,10 @@ import pytest
 
 from tests.conftest import ZOO
 
-CORRECT_ZOO = ("unusual_correct_grads_and_memory.py", "unusual_correct_derivatives.py", "cancelling_correct.py", "correct_module.py")
+CORRECT_ZOO = (
+    "unusual_correct_grads_and_memory.py", "unusual_correct_derivatives.py", "cancelling_correct.py", "correct_module.py",
+    "spec_language_correct.py",
+)
 
 
 @pytest.mark.parametrize("zoo_file", CORRECT_ZOO)

@@ -37,6 +37,7 @@ ZOO_RUNS = {
     "memory_bugs": ("memory_bugs.py", (), (), 8),
     "numeric_bugs": ("numeric_bugs.py", (), NUMERIC, 4),
     "real_world_bugs": ("real_world_bugs.py", (), (), 8),
+    "spec_language_bugs": ("spec_language_bugs.py", (), (), 12),
     "transposed_grad_output_bugs": ("transposed_grad_output_bugs.py", (), ("inplace", "reference"), 3),
     "triton_bugs": ("triton_bugs.py", ("--device=cpu",), TRITON_CONTRACTS, 4),
     "vacuous": ("vacuous.py", (), ("return_count",), 5),

@@ -57,7 +57,7 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ({"tolerances": {torch.float16: {"grad": 4}}}, "tolerances", "not one of the spec's dtypes"),
         ({"tolerances": {torch.float32: {"grad": 1e6}}}, "tolerances", "must be a number in (0, 64"),
         ({"tolerances": {torch.float32: {"gradient": 4}}}, "tolerances", "key 'gradient'"),
-        ({"inputs": [Tensor("x", "n"), "y"]}, "inputs[1]", "is not a Tensor, Scalar, Mask or Index"),
+        ({"inputs": [Tensor("x", "n"), "y"]}, "inputs[1]", "is not a Tensor, Scalar, Mask, AdditiveMask, Index, Derived or Offsets"),
         ({"inputs": [Tensor("x", "n"), Index("y", "n", high=0)]}, "inputs[1].high", "positive int"),
         ({"inputs": [Tensor("x", "n", kinks=0.5), Tensor("y", "n")]}, "inputs[0].kinks", "must be a tuple of kink locations"),  # type: ignore[arg-type]
         ({"inputs": [Tensor("x", "n", kinks=(float("nan"),)), Tensor("y", "n")]}, "inputs[0].kinks", "kink nan is not a finite number"),

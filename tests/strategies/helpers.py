@@ -51,3 +51,21 @@ def collect_examples(strategy: st.SearchStrategy[Any], count: int) -> list[Any]:
 
     collect()
     return seen
+
+
+def checked_spec(
+    inputs: Sequence[InputSpec],
+    *,
+    dims: Sequence[Any] = (),
+    dtypes: Sequence[torch.dtype] = (torch.float64, torch.float32),
+    name: str = "meta",
+    **fields: Any,
+) -> Spec:
+    """A spec validated and compiled as ``register`` does (dim rules, budgets), not registered."""
+    from conformance.spec import _build_spec
+
+    return _build_spec(
+        _Identity, spec_name=name, inputs=inputs, reference=lambda *args: args[0], dtypes=dtypes, devices=("cpu",),
+        double_backward=True, surrogate=None, mutates=(), nondeterministic=False, tolerances=fields.pop("tolerances", {}),
+        origin=__name__, dims=dims, **fields,
+    )

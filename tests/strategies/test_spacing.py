@@ -18,7 +18,8 @@ from conformance.repro import to_source
 from conformance.spec import _build_spec
 from reference_ops.elementwise import SoftThreshold
 from reference_ops.reductions import Max
-from strategies.cases import ArgRecipe, Case, apply_grad_layout, apply_layout, cases
+from strategies.cases import Case, apply_grad_layout, apply_layout, cases
+from strategies.recipes import ScalarRecipe, TensorRecipe
 from strategies.values import (
     DOMAINS,
     GRAD_OUTPUT_KINDS,
@@ -129,7 +130,7 @@ def test_cases_drawn_with_spacing_resolve_scalar_kinks_and_rebuild_from_source(d
     assert x.kinks == (clip.value, -clip.value, 0.0)
     _gaps_ok(case.args()[0], FD_SPACING, x.kinks)
     # The repro script's literal Case rebuilds the same tensors.
-    rebuilt = eval(to_source(case), {"torch": torch, "Case": Case, "ArgRecipe": ArgRecipe, "spec": CLIP_SPEC})
+    rebuilt = eval(to_source(case), {"torch": torch, "Case": Case, "TensorRecipe": TensorRecipe, "ScalarRecipe": ScalarRecipe, "spec": CLIP_SPEC})
     assert torch.equal(rebuilt.args()[0], case.args()[0])
     snippet: dict[str, Any] = {}
     exec(case.repro().split("\nout = ")[0], snippet)

@@ -268,17 +268,22 @@ class VarlenAttention(torch.autograd.Function):
         # Every packed row belongs to exactly one sequence, so each is written once; zeros for t == 0.
         grad_q, grad_k, grad_v = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
         for start, end in itertools.pairwise(bounds):
-            if end == start:
-                continue  # a zero-length sequence has no rows and no gradient
-            q_i, k_i = qf[start:end].transpose(0, 1), kf[start:end].transpose(0, 1)  # (h, n, d)
-            v_i, g_i = vf[start:end].transpose(0, 1), g[start:end].transpose(0, 1)  # (h, n, e)
-            p = torch.exp((q_i @ k_i.transpose(-1, -2)) * scale - lse[start:end].transpose(0, 1).unsqueeze(-1))
-            dp = g_i @ v_i.transpose(-1, -2)
-            # D = sum_j dP_ij P_ij, not rowsum(dO * O): see FlashAttention.backward.
-            ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True)) * scale
-            grad_q[start:end] = (ds @ k_i).transpose(0, 1)
-            grad_k[start:end] = (ds.transpose(-1, -2) @ q_i).transpose(0, 1)
-            grad_v[start:end] = (p.transpose(-1, -2) @ g_i).transpose(0, 1)
+            k_i, v_i = kf[start:end].transpose(0, 1), vf[start:end].transpose(0, 1)  # (h, n, *)
+            # The forward's query blocks again: scores recomputed with the same operands and shapes
+            # are bitwise the forward's, so exp(s - lse) <= 1 even where the scores are ~1e30.
+            for block in range(0, ctx.max_seqlen, VARLEN_BLOCK_M):
+                if start + block >= end:
+                    break
+                rows = slice(start + block, min(start + block + VARLEN_BLOCK_M, end))
+                s = (qf[rows].transpose(0, 1) @ k_i.transpose(-1, -2)) * scale  # (h, m, n)
+                p = torch.exp(s - lse[rows].transpose(0, 1).unsqueeze(-1))
+                g_rows = g[rows].transpose(0, 1)  # (h, m, e)
+                dp = g_rows @ v_i.transpose(-1, -2)
+                # D = sum_j dP_ij P_ij, not rowsum(dO * O): see FlashAttention.backward.
+                ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True)) * scale
+                grad_q[rows] = (ds @ k_i).transpose(0, 1)
+                grad_k[start:end] += (ds.transpose(-1, -2) @ qf[rows].transpose(0, 1)).transpose(0, 1)
+                grad_v[start:end] += (p.transpose(-1, -2) @ g_rows).transpose(0, 1)
         return (
             grad_q.to(q.dtype) if ctx.needs_input_grad[0] else None,
             grad_k.to(k.dtype) if ctx.needs_input_grad[1] else None,

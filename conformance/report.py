@@ -78,6 +78,9 @@ class TestContext:
     # the order first given): a test none of whose examples checked anything is not a pass.
     checked: int = 0
     unchecked: dict[str, None] = field(default_factory=dict)
+    # Examples the Triton interpreter could not run faithfully (bfloat16, a libdevice function
+    # without a fallback): not checked, and "not run here" when no example was.
+    interpreter_limits: dict[str, None] = field(default_factory=dict)
 
     def use_case(self, case: Case) -> None:
         """The case now being checked: failure reports describe it and rebuild it."""

@@ -13,6 +13,7 @@ test none of whose examples did is skipped as n/a with the reasons given to
 
 from __future__ import annotations
 
+import contextlib
 import re
 import traceback
 import zlib
@@ -34,6 +35,7 @@ from conformance.harness import Execution, why_no_backward
 from conformance.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
 from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
 from conformance.spec import Spec
+from conformance.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
 from conformance.watchdog import (
     DEFAULT_EXAMPLE_TIMEOUT,
     ExampleAborted,
@@ -139,12 +141,20 @@ class Target:
     flight: FlightRecorder | None = field(default=None, repr=False)  # what a crash report reads back
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
-        """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``."""
+        """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
+        Triton Function under the interpreter (which computes bfloat16 wrongly)."""
         chosen = self.spec.dtypes
         if self.options.dtypes is not None:
             chosen = tuple(d for d in chosen if d in self.options.dtypes)
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
+        if torch.bfloat16 in chosen and self.device == "cpu" and interpreting() and uses_triton(self.spec.fn):
+            chosen = tuple(d for d in chosen if d != torch.bfloat16)
+            if not chosen:
+                self.not_run_here(
+                    "bfloat16 is the only dtype left, and the Triton interpreter truncates float32 to bfloat16 "
+                    "instead of rounding: check it on a GPU"
+                )
         return chosen
 
     @property
@@ -224,7 +234,14 @@ class Target:
 
     def run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None = None) -> None:
         """Run ``check`` as a Hypothesis property with this run's settings and seed (or once on
-        ``replay_draws``); a failure gets a repro script in ``repro_dir``."""
+        ``replay_draws``); a failure gets a repro script in ``repro_dir``. A spec checking one
+        autotune config runs with its kernel pinned to that config."""
+        __tracebackhide__ = True
+        pin = self.spec.autotune_pin
+        with pinned_config(*pin) if pin is not None else contextlib.nullcontext():
+            self._run(check, max_examples=max_examples)
+
+    def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:
         __tracebackhide__ = True
         self.context = TestContext(
             contract=self.contract, spec=self.spec, device=self.device, nodeid=self.nodeid, rerun=self.rerun
@@ -271,6 +288,8 @@ class Target:
         assert self.context is not None
         if self.context.checked:
             return
+        if self.context.interpreter_limits:
+            self.not_run_here("the Triton interpreter cannot run it: " + "; ".join(self.context.interpreter_limits))
         if not self.context.unchecked:
             pytest.fail(
                 f"[{self.contract}] no example checked anything and the contract gave no reason: a bug in "
@@ -342,12 +361,16 @@ class Target:
                 )) from None
             except ForwardError as error:
                 cause = error.__cause__ or error
+                if self._interpreter_limited(cause):
+                    return
                 fail(
                     f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.fn.__qualname__}.forward]",
                     f"{type(cause).__name__}: {cause}",
                     _user_frames(cause),
                 )
             except Exception as error:
+                if self._interpreter_limited(error):
+                    return
                 fail(
                     f"{type(error).__name__} raised while checking this contract [{self.spec.fn.__qualname__}]",
                     f"{type(error).__name__}: {error}",
@@ -358,6 +381,16 @@ class Target:
 
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
         return property_
+
+    def _interpreter_limited(self, error: BaseException) -> bool:
+        """Whether ``error`` is a Triton interpreter limit (bfloat16, a libdevice function without a
+        fallback): such an example is not checked, and the test never fails for it."""
+        limit = interpreter_limit(error)
+        if limit is None:
+            return False
+        if self.context is not None:
+            self.context.interpreter_limits.setdefault(str(limit), None)
+        return True
 
     def _attach_repro(self, failure: ContractFailure) -> None:
         """Write the repro script of the failing example; keep the inline snippet if it cannot be."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shlex
@@ -217,6 +218,10 @@ def _prepare_devices(config: pytest.Config) -> None:
         # Triton kernels can only run under the interpreter, which must be chosen before
         # any @triton.jit function is decorated, i.e. before the --impl modules are imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        if importlib.util.find_spec("triton") is not None:
+            from conformance.triton_interpreter import install
+
+            install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
         return
     per_worker = _int_setting(config, "conformance_gpus_per_worker", "--gpus-per-worker") or 1
     try:
@@ -231,7 +236,13 @@ def _triton_mode() -> str:
         import triton  # noqa: F401
     except ImportError:
         return "not installed"
-    return "interpreted" if os.environ.get("TRITON_INTERPRET") == "1" else "native"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return "native"
+    from conformance.triton_interpreter import installed
+
+    if installed():
+        return "interpreted (bfloat16 disabled; libdevice fallbacks and one autotune config per test id)"
+    return "interpreted (bfloat16 disabled)"
 
 
 # user_properties keys a contract test's reports carry to the controller (also under xdist).

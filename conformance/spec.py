@@ -576,6 +576,9 @@ class Spec:
     dim_rules: Mapping[str, DimRule] = field(default_factory=dict)  # from Dim(...) and "d:even"
     max_elements: int | None = None  # caps every contract's per-input element budget
     max_examples: int | None = None  # caps the examples per contract test
+    # register(..., autotune=kernel): this spec checks one config of an @triton.autotune kernel
+    autotune_pin: tuple[Any, int] | None = None
+    autotune_config: str = ""  # that config, described for failure messages
     origin: str = "__main__"
     source_file: str = ""
     registered_at: str = ""
@@ -687,8 +690,13 @@ def register(
     dims: Sequence[Dim] = (),
     max_elements: int | None = None,
     max_examples: int | None = None,
+    autotune: Any = None,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
+
+    ``autotune``: an ``@triton.autotune`` kernel the Function launches (or several): every
+    config of each is checked as its own test id, named ``<name>:<config>``, with the kernel
+    pinned to that config (natively and under the interpreter, where it cannot benchmark).
 
     Returns ``fn`` unchanged, so it can be used after the class statement. Raises
     :class:`SpecError` naming the field when the spec cannot work.
@@ -716,6 +724,12 @@ def register(
         origin=origin,
         registered_at=registered_at,
     )
+    for one in _autotune_specs(spec, autotune):
+        _add(one, fn, origin, registered_at)
+    return fn
+
+
+def _add(spec: Spec, fn: type, origin: str, registered_at: str) -> None:
     for existing in _REGISTRY:
         if existing.name == spec.name:
             same_call = existing.registered_at == registered_at != "" and existing.fn.__qualname__ == fn.__qualname__
@@ -729,7 +743,37 @@ def register(
                 f"and for {fn.__qualname__} at {registered_at or origin}; pass a distinct name= to one of them",
             )
     _REGISTRY.append(spec)
-    return fn
+
+
+def _autotune_specs(spec: Spec, autotune: Any) -> list[Spec]:
+    """``spec`` itself, or one copy per config of each autotuned kernel, pinned to it."""
+    from conformance.triton_interpreter import autotuned_configs, describe_config
+
+    if autotune is None:
+        return [spec]
+    kernels = list(autotune) if isinstance(autotune, (list, tuple)) else [autotune]
+    if not kernels:
+        raise SpecError(spec.name, "autotune", "must be an @triton.autotune kernel or a list of them, got an empty list")
+    specs = []
+    for position, kernel in enumerate(kernels):
+        try:
+            configs = autotuned_configs(kernel)
+        except ValueError as error:
+            raise SpecError(spec.name, "autotune", str(error)) from None
+        for index, config in enumerate(configs):
+            described = describe_config(config)
+            compact = "-".join(part.replace("=", "").replace("num_warps", "w").replace("num_stages", "s").replace("num_ctas", "ctas")
+                               for part in described.split(", "))
+            prefix = f"k{position}." if len(kernels) > 1 else ""
+            suffix = prefix + (compact if _NAME.match(compact) else f"cfg{index}")
+            kernel_name = getattr(getattr(kernel, "fn", None), "__name__", "kernel")
+            specs.append(replace(
+                spec,
+                name=f"{spec.name}:{suffix}",
+                autotune_pin=(kernel, index),
+                autotune_config=f"autotune config {index + 1} of {len(configs)} of {kernel_name}: {described}",
+            ))
+    return specs
 
 
 def _positional_arity(func: Callable[..., Any], *, skip: int) -> tuple[int, float] | None:

@@ -238,6 +238,9 @@ class Case:
         parts = [recipe.describe() + (", requires_grad" if recipe.name in self.requires_grad else "") for recipe in self.recipes]
         if self.grad_layout != "as_drawn":
             parts.append(f"grad_outputs: {self.grad_kind}, layout={self.grad_layout}")
+        config = getattr(self.spec, "autotune_config", "")
+        if config:
+            parts.append(config)
         return f"{self.dtype} on {self.device}; " + "; ".join(parts)
 
     def repro(self) -> str:

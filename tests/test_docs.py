@@ -23,6 +23,9 @@ RUN_BY_CI = ("project-tests", "main-job", "quickstart")
 INLINE_RUN_ELSEWHERE = {
     "python <script>": "tests/test_repro_scripts.py runs the repro script of every zoo bug",
     "python -m pytest": "tests/test_reruns.py runs printed rerun lines, which start with it",
+    "pytest conformance --impl=tests/thirdparty/tinykernels_conformance.py": (
+        "tests/test_triton_interpreter.py runs it (with the package on PYTHONPATH) and reads its report"
+    ),
 }
 
 

@@ -1,0 +1,305 @@
+"""Run typical Triton kernel libraries under the Triton interpreter (CPU) without editing them.
+
+The interpreter (``TRITON_INTERPRET=1``) executes kernels with numpy. Kernel libraries written
+for GPUs trip over three of its gaps; :func:`install` closes them, process-wide:
+
+* ``triton.language.extra.libdevice`` functions are stubs returning ``None`` under the
+  interpreter: the common float functions (``rsqrt``, ``tanh``, ``exp``, ``pow``, ``erf``, ...)
+  get numpy implementations. A kernel calling one without a fallback raises
+  :class:`InterpreterLimit` naming it, which the suite reports as "not run here".
+* ``@triton.autotune`` benchmarks its configs, which needs a GPU driver: under the interpreter
+  an autotuned kernel runs its first config (or the one :func:`pinned_config` chooses; specs that
+  declare ``register(..., autotune=kernel)`` check every config, one test id each).
+* bfloat16: the interpreter converts float32 to bfloat16 by truncation (numpy has no bfloat16),
+  so a launch with a bfloat16 tensor raises :class:`InterpreterLimit` instead of computing
+  silently wrong values.
+
+Python float kernel arguments (``eps``) work as they are in triton 3.7.1.
+
+The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
+interpreter. Import this module freely: it imports triton only inside its functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = [
+    "LIBDEVICE_FALLBACKS",
+    "InterpreterLimit",
+    "autotuned_configs",
+    "describe_config",
+    "install",
+    "installed",
+    "interpreter_limit",
+    "interpreting",
+    "pinned_config",
+    "uses_triton",
+]
+
+
+class InterpreterLimit(RuntimeError):
+    """Something the Triton interpreter cannot run faithfully (a libdevice function without a
+    fallback, bfloat16): the suite skips the example as "not run here", never fails it."""
+
+
+def interpreter_limit(error: BaseException | None) -> InterpreterLimit | None:
+    """The :class:`InterpreterLimit` in ``error``'s cause/context chain, if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, InterpreterLimit):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels decorated now run under the interpreter (``TRITON_INTERPRET=1``)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def uses_triton(fn: Any) -> bool:
+    """Whether ``fn`` (a Function class) launches Triton kernels, as far as its module shows:
+    a kernel, an autotuner or the ``triton`` package among the module's globals."""
+    import inspect
+    import sys
+
+    module = sys.modules.get(getattr(fn, "__module__", ""), None)
+    if module is None:
+        return False
+    for value in vars(module).values():
+        if inspect.ismodule(value) and value.__name__.split(".")[0] == "triton":
+            return True
+        if type(value).__module__.startswith("triton."):
+            return True
+    return False
+
+
+def _numpy_fallbacks() -> dict[str, Callable[..., Any]]:
+    import numpy as np
+
+    def rsqrt(x: Any) -> Any:
+        return 1.0 / np.sqrt(x)
+
+    def rcp(x: Any) -> Any:
+        return 1.0 / x
+
+    def exp10(x: Any) -> Any:
+        return np.power(10.0, x)
+
+    def rcbrt(x: Any) -> Any:
+        return 1.0 / np.cbrt(x)
+
+    def erf(x: Any) -> Any:
+        return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+
+    def erfc(x: Any) -> Any:
+        return np.vectorize(math.erfc, otypes=[x.dtype])(x) if x.size else x
+
+    return {
+        "rsqrt": rsqrt, "sqrt": np.sqrt, "cbrt": np.cbrt, "rcbrt": rcbrt,
+        "exp": np.exp, "exp2": np.exp2, "exp10": exp10, "expm1": np.expm1,
+        "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p,
+        "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+        "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh,
+        "atanh": np.arctanh, "erf": erf, "erfc": erfc,
+        "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": np.rint, "nearbyint": np.rint,
+        "abs": np.abs, "fabs": np.abs, "rcp": rcp,
+        "fast_expf": np.exp, "fast_logf": np.log, "fast_log2f": np.log2, "fast_exp10f": exp10,
+        "fast_sinf": np.sin, "fast_cosf": np.cos, "fast_tanf": np.tan, "fast_powf": np.power,
+        "fast_dividef": np.divide, "div_rn": np.divide, "div_rz": np.divide, "div_rd": np.divide, "div_ru": np.divide,
+        "pow": np.power, "powf": np.power, "atan2": np.arctan2, "hypot": np.hypot, "fmod": np.fmod,
+        "copysign": np.copysign, "fmax": np.fmax, "fmin": np.fmin, "fdim": lambda x, y: np.maximum(x - y, 0),
+        "fma": lambda x, y, z: x * y + z,
+    }
+
+
+# The libdevice functions install() implements (numpy, in the dtype of the first tensor argument).
+LIBDEVICE_FALLBACKS: tuple[str, ...] = (
+    "rsqrt", "sqrt", "cbrt", "rcbrt", "exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+    "floor", "ceil", "trunc", "rint", "nearbyint", "abs", "fabs", "rcp",
+    "fast_expf", "fast_logf", "fast_log2f", "fast_exp10f", "fast_sinf", "fast_cosf", "fast_tanf", "fast_powf",
+    "fast_dividef", "div_rn", "div_rz", "div_rd", "div_ru",
+    "pow", "powf", "atan2", "hypot", "fmod", "copysign", "fmax", "fmin", "fdim", "fma",
+)
+
+
+def _interpreted_call(name: str, numpy_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A libdevice stand-in: numpy on the interpreter tensors' data, the result in the dtype of
+    the first tensor argument (Python scalars broadcast, as in the kernel)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("_semantic", None)
+        tensors = [a for a in args if isinstance(a, tl.core.tensor)]
+        if not tensors:
+            raise InterpreterLimit(f"libdevice.{name} called without a tensor argument under the Triton interpreter")
+        first = tensors[0]
+        dtype = first.handle.data.dtype
+        data = [a.handle.data if isinstance(a, tl.core.tensor) else np.asarray(a, dtype=dtype) for a in args]
+        with np.errstate(all="ignore"):
+            result = np.asarray(numpy_fn(*data)).astype(dtype, copy=False)
+        scalar = first.type.scalar
+        shape = tuple(result.shape)
+        ty = tl.block_type(scalar, list(shape)) if shape else scalar
+        return tl.core.tensor(TensorHandle(np.ascontiguousarray(result), scalar), ty)
+
+    call.__name__ = name
+    return call
+
+
+def _unsupported(name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise InterpreterLimit(
+            f"libdevice.{name} has no fallback under the Triton interpreter (conformance.triton_interpreter "
+            f"implements {', '.join(LIBDEVICE_FALLBACKS[:8])}, ...); run on a GPU to check this kernel"
+        )
+
+    call.__name__ = name
+    return call
+
+
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, bool] = {"done": False}
+
+
+def installed() -> bool:
+    """Whether :func:`install` has patched triton in this process."""
+    return _INSTALLED["done"]
+
+
+def install() -> bool:
+    """Patch triton for the interpreter (libdevice fallbacks, autotune without a driver, a
+    clear error for bfloat16); idempotent. Returns False (and does nothing) when triton is not
+    importable or kernels are not interpreted (``TRITON_INTERPRET`` unset)."""
+    with _LOCK:
+        if _INSTALLED["done"]:
+            return True
+        try:
+            import triton
+            from triton import knobs
+        except ImportError:
+            return False
+        if not knobs.runtime.interpret:
+            return False
+        _patch_libdevice()
+        _patch_autotune(triton)
+        _patch_bfloat16_launches()
+        _INSTALLED["done"] = True
+        return True
+
+
+def _patch_libdevice() -> None:
+    import inspect
+
+    import triton.language.extra.libdevice as libdevice
+
+    fallbacks = _numpy_fallbacks()
+    modules = [libdevice]
+    with contextlib.suppress(ImportError):
+        import triton.language.extra.cuda.libdevice as cuda_libdevice
+
+        modules.append(cuda_libdevice)
+    for module in modules:
+        for name, member in list(vars(module).items()):
+            if name.startswith("_") or not inspect.isfunction(member):
+                continue
+            if getattr(member, "__module__", "") != module.__name__:
+                continue
+            replacement = _interpreted_call(name, fallbacks[name]) if name in fallbacks else _unsupported(name)
+            setattr(module, name, replacement)
+
+
+# The config index each autotuned kernel is pinned to (by id of the Autotuner); default 0.
+_PINNED: dict[int, int] = {}
+
+
+def _patch_autotune(triton: Any) -> None:
+    from triton.runtime.autotuner import Autotuner
+
+    original_run = Autotuner.run
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.configs) <= 1:
+            return original_run(self, *args, **kwargs)
+        index = _PINNED.get(id(self), 0)
+        configs = self.configs
+        self.configs = [configs[index]]  # one config: Autotuner.run launches it without benchmarking
+        try:
+            return original_run(self, *args, **kwargs)
+        finally:
+            self.configs = configs
+
+    Autotuner.run = run
+
+
+def _patch_bfloat16_launches() -> None:
+    import torch
+    from triton.runtime import interpreter
+
+    original_call = interpreter.GridExecutor.__call__
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+                raise InterpreterLimit(
+                    "a bfloat16 tensor reached a kernel under the Triton interpreter, which truncates float32 to "
+                    "bfloat16 instead of rounding (numpy has no bfloat16): its results would be silently wrong; "
+                    "check bfloat16 on a GPU"
+                )
+        return original_call(self, *args, **kwargs)
+
+    interpreter.GridExecutor.__call__ = call
+
+
+def autotuned_configs(kernel: Any) -> list[Any]:
+    """The ``triton.Config`` list of an ``@triton.autotune`` kernel; ValueError for anything else."""
+    configs = getattr(kernel, "configs", None)
+    if not isinstance(configs, list) or not configs or not hasattr(kernel, "keys"):
+        raise ValueError(f"{kernel!r} is not an @triton.autotune kernel (no configs)")
+    return list(configs)
+
+
+def describe_config(config: Any) -> str:
+    """``BLOCK_M=16, BLOCK_N=32, num_warps=4``: the kwargs then the launch options that differ
+    from the defaults."""
+    parts = [f"{k}={v}" for k, v in getattr(config, "kwargs", {}).items()]
+    for option, default in (("num_warps", 4), ("num_stages", 3), ("num_ctas", 1)):
+        value = getattr(config, option, None)
+        if value is not None and value != default:
+            parts.append(f"{option}={value}")
+    return ", ".join(parts) or "defaults"
+
+
+@contextlib.contextmanager
+def pinned_config(kernel: Any, index: int) -> Iterator[None]:
+    """Run ``kernel`` (an ``@triton.autotune`` kernel) with its config ``index`` only, natively or
+    interpreted: the autotuner sees one config and launches it without benchmarking."""
+    configs = autotuned_configs(kernel)
+    if not 0 <= index < len(configs):
+        raise IndexError(f"config {index} of {len(configs)}")
+    previous_pin = _PINNED.get(id(kernel))
+    _PINNED[id(kernel)] = index
+    kernel.configs = [configs[index]]
+    cache = dict(getattr(kernel, "cache", {}))
+    try:
+        yield
+    finally:
+        kernel.configs = configs
+        if hasattr(kernel, "cache"):
+            kernel.cache.clear()
+            kernel.cache.update(cache)
+        if previous_pin is None:
+            _PINNED.pop(id(kernel), None)
+        else:
+            _PINNED[id(kernel)] = previous_pin

@@ -576,6 +576,7 @@ class Spec:
     dim_rules: Mapping[str, DimRule] = field(default_factory=dict)  # from Dim(...) and "d:even"
     max_elements: int | None = None  # caps every contract's per-input element budget
     max_examples: int | None = None  # caps the examples per contract test
+    fast_gradcheck: bool = False  # gradcheck by random projections at every size (costly evaluations)
     # register(..., autotune=kernel): this spec checks one config of an @triton.autotune kernel
     autotune_pin: tuple[Any, int] | None = None
     autotune_config: str = ""  # that config, described for failure messages
@@ -691,8 +692,13 @@ def register(
     max_elements: int | None = None,
     max_examples: int | None = None,
     autotune: Any = None,
+    fast_gradcheck: bool = False,
 ) -> type[torch.autograd.Function]:
     """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
+
+    ``fast_gradcheck=True``: the gradcheck contract uses random projections (a few evaluations
+    per example) at every size, not the full Jacobian below 256 elements: for a Function each
+    evaluation of which is costly (an interpreted Triton kernel).
 
     ``autotune``: an ``@triton.autotune`` kernel the Function launches (or several): every
     config of each is checked as its own test id, named ``<name>:<config>``, with the kernel
@@ -721,6 +727,7 @@ def register(
         dims=dims,
         max_elements=max_elements,
         max_examples=max_examples,
+        fast_gradcheck=fast_gradcheck,
         origin=origin,
         registered_at=registered_at,
     )
@@ -820,6 +827,7 @@ def _build_spec(
     dims: Any = (),
     max_elements: Any = None,
     max_examples: Any = None,
+    fast_gradcheck: Any = False,
     registered_at: str = "",
 ) -> Spec:
     shown = str(spec_name)
@@ -886,7 +894,9 @@ def _build_spec(
     for device in devices:
         if device not in DEVICES:
             raise fail("devices", f"{device!r} is not one of {DEVICES}")
-    for flag_name, flag in (("double_backward", double_backward), ("nondeterministic", nondeterministic)):
+    for flag_name, flag in (
+        ("double_backward", double_backward), ("nondeterministic", nondeterministic), ("fast_gradcheck", fast_gradcheck),
+    ):
         if not isinstance(flag, bool):
             raise fail(flag_name, f"must be True or False, got {flag!r}")
     if isinstance(mutates, str):
@@ -962,6 +972,7 @@ def _build_spec(
         dim_rules=dim_rules,
         max_elements=max_elements,
         max_examples=max_examples,
+        fast_gradcheck=fast_gradcheck,
         origin=origin,
         registered_at=registered_at,
         source_file=_source_file(fn),

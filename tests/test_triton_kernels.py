@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'auto
 
 from tests.conftest import ZOO
 
-TRITON_REFERENCE = ("triton_softmax", "triton_gated")
+TRITON_REFERENCE = ("triton_softmax", "triton_gated", "triton_rmsnorm", "triton_layer_norm")
 # Contracts that skip, with a reason, for a single-output Function on a CPU-only run.
 # n/a: single-output Functions (undefined_grads), CPU ids (devices), a single differentiable
 # input, where no gradient can be unneeded (unneeded_grads).
@@ -115,3 +115,16 @@ def test_dropped_tail_fails_gradcheck_and_reference(triton_bugs, device) -> None
     # Shapes, dtypes and aliasing are fine: only the values of the tail are missing.
     for contract in ("return_count", "grad_meta", "inplace"):
         triton_bugs.passed(contract, "triton_dropped_tail", device)
+
+
+def test_norm_backward_dropping_the_last_partial_row_group_is_caught(conformance_run, device) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "triton_norm_bugs.py", f"--device={device}", max_examples=5)
+    failed = {c for (c, _, _), v in run.verdicts.items() if v.outcome == "failed"}
+    assert failed == {"reference", "gradcheck"}, failed
+    text = run.failed("reference", "triton_rmsnorm_partial_group_bug", device)
+    assert "grad['weight'] != reference [PartialGroupRMSNorm.backward, input 'weight'" in text
+    assert "Greatest absolute difference" in text and "at index (" in text  # the first bad column
+    assert "analytical grad['weight'] != numerical" in run.failed("gradcheck", "triton_rmsnorm_partial_group_bug", device)
+    # grad_x, shapes, dtypes and memory are right: only the weight's reduction is short.
+    for contract in ("grad_meta", "unwritten_memory", "out_of_bounds", "needs_input_grad"):
+        run.passed(contract, "triton_rmsnorm_partial_group_bug", device)

@@ -20,7 +20,10 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'auto
 
 from tests.conftest import ZOO
 
-TRITON_REFERENCE = ("triton_softmax", "triton_gated", "triton_rmsnorm", "triton_layer_norm")
+TRITON_REFERENCE = (
+    "triton_softmax", "triton_gated", "triton_rmsnorm", "triton_layer_norm", "triton_flash_attention",
+    "triton_flash_attention_causal",
+)
 # Contracts that skip, with a reason, for a single-output Function on a CPU-only run.
 # n/a: single-output Functions (undefined_grads), CPU ids (devices), a single differentiable
 # input, where no gradient can be unneeded (unneeded_grads).
@@ -147,3 +150,15 @@ def test_norm_backward_dropping_the_last_partial_row_group_is_caught(device, tmp
     # grad_x, shapes, dtypes and memory are right: only the weight's reduction is short.
     for contract in ("grad_meta", "unwritten_memory", "out_of_bounds", "needs_input_grad"):
         assert cells[(contract, name)]["outcome"] == "passed", cells[(contract, name)]["reason"]
+
+
+def test_flash_attention_tail_mask_and_causal_alignment_bugs_are_caught(device, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cells = _run_in_subprocess(str(ZOO / "triton_attention_bugs.py"), device, tmp_path, "--max-examples=5")
+    failed = {key for key, cell in cells.items() if cell["outcome"] == "failed"}
+    assert failed == {("reference", "triton_fa_tail_mask_bug"), ("reference", "triton_fa_causal_misaligned_bug")}, {
+        k: c["reason"] for k, c in cells.items() if c["outcome"] == "failed"
+    }
+    # Each backward is the exact gradient of its own (wrong) forward: gradcheck cannot see either bug.
+    for name in ("triton_fa_tail_mask_bug", "triton_fa_causal_misaligned_bug"):
+        assert cells[("gradcheck", name)]["outcome"] == "passed"
+        assert "output[0] != reference" in cells[("reference", name)]["reason"]

@@ -15,6 +15,6 @@ except ImportError:  # the optional extra is not installed: register nothing
     pass
 else:
     # Outside the try: an error in a kernel module itself must fail loudly.
-    from reference_ops.triton import elementwise, norms, softmax
+    from reference_ops.triton import elementwise, flash_attention, norms, softmax
 
-    __all__ = ["elementwise", "norms", "softmax"]
+    __all__ = ["elementwise", "flash_attention", "norms", "softmax"]

@@ -14,7 +14,9 @@ for GPUs trip over three of its gaps; :func:`install` closes them, process-wide:
   so a launch with a bfloat16 tensor raises :class:`InterpreterLimit` instead of computing
   silently wrong values.
 
-Python float kernel arguments (``eps``) work as they are in triton 3.7.1.
+* Python float kernel arguments (``eps``) reach the kernel as Python floats, so ``eps.to(...)``
+  fails ("'float' object has no attribute 'to'"): they become float32 scalars, as a compiled
+  kernel receives them.
 
 The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
 interpreter. Import this module freely: it imports triton only inside its functions.
@@ -193,6 +195,7 @@ def install() -> bool:
         if not knobs.runtime.interpret:
             return False
         _patch_libdevice()
+        _patch_float_arguments()
         _patch_autotune(triton)
         _patch_bfloat16_launches()
         _INSTALLED["done"] = True
@@ -218,6 +221,21 @@ def _patch_libdevice() -> None:
                 continue
             replacement = _interpreted_call(name, fallbacks[name]) if name in fallbacks else _unsupported(name)
             setattr(module, name, replacement)
+
+
+def _patch_float_arguments() -> None:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._implicit_cvt
+
+    def convert(arg: Any) -> Any:
+        if isinstance(arg, float):  # natively a float argument is an fp32 scalar (mangle_type: "fp32")
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return original(arg)
+
+    interpreter._implicit_cvt = convert
 
 
 # The config index each autotuned kernel is pinned to (by id of the Autotuner); default 0.

@@ -40,7 +40,7 @@ def _math_kernel():  # type: ignore[no-untyped-def]
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=1.0)
-        y = libdevice.rsqrt(x * x + eps) + libdevice.tanh(x) + libdevice.pow(x * x + 1.0, 0.5) + libdevice.erf(x)
+        y = libdevice.rsqrt(x * x + eps.to(tl.float64)) + libdevice.tanh(x) + libdevice.pow(x * x + 1.0, 0.5) + libdevice.erf(x)
         tl.store(out_ptr + offs, y, mask=mask)
 
     return kernel
@@ -50,11 +50,12 @@ def test_libdevice_fallbacks_and_autotune_run_a_gpu_style_kernel_on_cpu() -> Non
     assert install()
     kernel = _math_kernel()
     x = torch.linspace(-3, 3, 37, dtype=torch.float64)
-    expected = torch.rsqrt(x * x + 1e-6) + torch.tanh(x) + (x * x + 1).sqrt() + torch.erf(x)
+    eps32 = float(torch.tensor(1e-6, dtype=torch.float32))  # a float argument arrives as fp32, as natively
+    expected = torch.rsqrt(x * x + eps32) + torch.tanh(x) + (x * x + 1).sqrt() + torch.erf(x)
     for index in (0, 1):
         out = torch.full_like(x, float("nan"))
         with pinned_config(kernel, index):
-            kernel[lambda meta: (triton.cdiv(37, meta["BLOCK"]),)](x, out, 37, 1e-6)  # eps: a Python float
+            kernel[lambda meta: (triton.cdiv(37, meta["BLOCK"]),)](x, out, 37, 1e-6)  # eps: a Python float, .to() in the kernel
         assert kernel.best_config.kwargs["BLOCK"] == (8, 32)[index]
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     out = torch.empty_like(x)

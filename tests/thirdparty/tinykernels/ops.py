@@ -15,7 +15,7 @@ def _rms_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, BLOCK_ROWS: tl.
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    rstd = libdevice.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    rstd = libdevice.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps.to(tl.float32))
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
     y = x * rstd[:, None] * w[None, :]
     tl.store(y_ptr + rows[:, None] * n_cols + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -75,7 +75,7 @@ def structural_defects(
         return []
     raw = call.raw
     names = [r.name for r in case.recipes]
-    fn_name = case.spec.fn.__qualname__
+    fn_name = case.spec.display_name
     returned = ", ".join(describe_value(v) for v in raw)
     where = f"{fn_name}.backward, forward inputs {names}"
     defects: list[Defect] = []
@@ -159,7 +159,7 @@ def forward_defect(case: Case, outputs: Sequence[Any]) -> Defect | None:
     every other contract would find nothing to check."""
     if any(isinstance(o, torch.Tensor) for o in outputs):
         return None
-    fn_name = case.spec.fn.__qualname__
+    fn_name = case.spec.display_name
     what = _describe_return(outputs[0]) if len(outputs) == 1 else f"a tuple without a Tensor {_describe_return(tuple(outputs))}"
     return Defect(
         "return_count",
@@ -190,7 +190,7 @@ def unwritten_defect(execution: Execution) -> Defect:
     """Output or gradient elements read from memory the Function never wrote, owned by
     ``unwritten_memory`` (see :mod:`conformance.memory`)."""
     first = execution.unwritten[0]
-    fn_name = execution.case.spec.fn.__qualname__
+    fn_name = execution.case.spec.display_name
     phase = "forward" if first.what.startswith("output") else "backward"
     others = "; ".join(u.describe() for u in execution.unwritten[1:])
     return Defect(
@@ -244,6 +244,6 @@ def require_sound(contract: str, execution: Execution) -> None:
         raise limit  # not the Function's defect: the runner counts the example as not checked here
     fail(
         f"backward raised {type(cause).__name__}, but should return gradients "
-        f"[{execution.case.spec.fn.__qualname__}.{'backward' if inside else 'backward (raised by the autograd engine)'}]",
+        f"[{execution.case.spec.display_name}.{'backward' if inside else 'backward (raised by the autograd engine)'}]",
         f"{type(cause).__name__}: {cause}",
     )

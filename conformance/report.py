@@ -124,7 +124,7 @@ def contract_failure(
     contract = contract or (context.contract if context else "?")
     spec = spec or (context.spec if context else None)
     case = case or (context.case if context else None)
-    fn_name = f"{spec.fn.__qualname__} ({spec.name!r})" if spec is not None else "?"
+    fn_name = f"{spec.display_name} ({spec.name!r})" if spec is not None else "?"
     lines = [f"[{contract}] {fn_name}: {summary}"]
     lines.extend(f"  {line}" for detail in details if detail for line in detail.splitlines())
     if case is not None:

@@ -45,7 +45,7 @@ from conformance.watchdog import (
     phase_at,
     phase_marks,
 )
-from strategies.cases import LAYOUTS, Case, cases
+from strategies.cases import LAYOUTS, Case, CaseOptions, cases
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "REPRO_PROPERTY",
     "STATUS_PROPERTY",
     "UNMET_EXPECTATION_PROPERTY",
+    "VARIED_CASES",
     "RunOptions",
     "Target",
     "example_seed",
@@ -77,6 +78,12 @@ UNMET_EXPECTATION_PROPERTY = "conformance_unmet_expectation"
 NOT_APPLICABLE = "not applicable"
 # A skip because this machine or run cannot check it (no CUDA, dtype excluded by --dtypes, ...)
 NOT_RUN_HERE = "not run here"
+
+# Requires-grad subsets, broadcasting, every layout, mask and grad_output kind: what the contracts
+# that own a defect others may meet anywhere (the memory contracts) draw from.
+VARIED_CASES = CaseOptions(
+    requires_grad="nonempty", broadcast=True, layouts=LAYOUTS, mask_kinds=MASK_KINDS, grad_output_kinds=GRAD_OUTPUT_KINDS
+)
 
 PROFILES: dict[str, dict[str, Any]] = {
     # Every profile is seeded per test (see example_seed): same --seed => same examples and
@@ -128,6 +135,7 @@ class Target:
     device: str
     contract: str = ""
     options: RunOptions = field(default_factory=RunOptions)
+    case_options: CaseOptions = field(default_factory=CaseOptions)  # the contract's preset
     nodeid: str = ""
     context: TestContext | None = field(default=None, repr=False)
     user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
@@ -148,7 +156,7 @@ class Target:
             chosen = tuple(d for d in chosen if d in self.options.dtypes)
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
-        if torch.bfloat16 in chosen and self.device == "cpu" and interpreting() and uses_triton(self.spec.fn):
+        if torch.bfloat16 in chosen and self.device == "cpu" and interpreting() and uses_triton(self.spec.op.module):
             chosen = tuple(d for d in chosen if d != torch.bfloat16)
             if not chosen:
                 self.not_run_here(
@@ -203,10 +211,18 @@ class Target:
         self.not_checked(why_no_backward(execution))
         return False
 
-    def draw_case(self, data: st.DataObject, **kwargs: Any) -> Case:
-        """Draw a case on this target's device (labelled ``case`` in Hypothesis reports)."""
-        kwargs.setdefault("dtypes", self.dtypes())
-        case = data.draw(cases(self.spec, device=self.device, **kwargs), label="case")
+    def draw_case(
+        self, data: st.DataObject, options: CaseOptions | None = None, *, dtypes: Sequence[torch.dtype] | None = None
+    ) -> Case:
+        """Draw a case on this target's device (labelled ``case`` in Hypothesis reports), from
+        ``options`` (default: the contract's preset). Its dtypes: ``dtypes``, else the preset's,
+        else the spec's narrowed by ``--dtypes`` (:meth:`dtypes`)."""
+        chosen = options if options is not None else self.case_options
+        if dtypes is not None:
+            chosen = chosen.replace(dtypes=tuple(dtypes))
+        elif chosen.dtypes is None:
+            chosen = chosen.replace(dtypes=self.dtypes())
+        case = data.draw(cases(self.spec, chosen, device=self.device), label="case")
         if self.context is not None:
             self.context.use_case(case)
         if self.flight is not None:
@@ -214,18 +230,10 @@ class Target:
         return case
 
     def draw_varied_case(self, data: st.DataObject) -> Case:
-        """A case from the widest mix the other contracts draw from -- requires_grad subsets,
-        broadcasting, every layout, mask and grad_output kind, sometimes extreme values -- for
-        contracts that own a defect others may meet on any of those (the memory contracts)."""
-        return self.draw_case(
-            data,
-            requires_grad="nonempty",
-            broadcast=True,
-            layouts=LAYOUTS,
-            mask_kinds=MASK_KINDS,
-            grad_output_kinds=GRAD_OUTPUT_KINDS,
-            extreme=data.draw(st.booleans(), label="extreme values"),
-        )
+        """A case from the contract's preset (:data:`VARIED_CASES` for the memory contracts, which
+        own defects the others may meet anywhere), with extreme values or not."""
+        extreme = data.draw(st.booleans(), label="extreme values")
+        return self.draw_case(data, self.case_options.replace(extreme=extreme))
 
     @property
     def example_timeout(self) -> float | None:
@@ -293,7 +301,7 @@ class Target:
         if not self.context.unchecked:
             pytest.fail(
                 f"[{self.contract}] no example checked anything and the contract gave no reason: a bug in "
-                f"autograd-conformance, not in {self.spec.fn.__qualname__}",
+                f"autograd-conformance, not in {self.spec.display_name}",
                 pytrace=False,
             )
         self.not_applicable("nothing to check: " + "; ".join(self.context.unchecked))
@@ -319,7 +327,7 @@ class Target:
     def _property(self, check: Callable[[Target, st.DataObject], None]) -> Callable[[Any], None]:
         """``check`` with its draws recorded and any raw error turned into a labelled failure."""
 
-        marks = phase_marks(self.spec.fn, self.spec.reference, self.spec.surrogate)
+        marks = phase_marks(self.spec.display_name, self.spec.op.user_code(), self.spec.reference, self.spec.surrogate)
         own_steps = f"the {self.contract} contract's own steps (outside the Function and its reference)"
 
         def phase(frame: Any) -> str:
@@ -341,7 +349,7 @@ class Target:
                         if interrupts.real:
                             raise  # Ctrl-C: stop the run as usual
                         raise ExampleAborted(contract_failure(
-                            f"{self.spec.fn.__qualname__} raised KeyboardInterrupt itself, but should never "
+                            f"{self.spec.display_name} raised KeyboardInterrupt itself, but should never "
                             "(it stops the caller's whole program)",
                         )) from None
             except (ContractFailure, Blocked, HypothesisException, ReplayMismatch, ExampleAborted):
@@ -364,7 +372,7 @@ class Target:
                 if self._interpreter_limited(cause):
                     return
                 fail(
-                    f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.fn.__qualname__}.forward]",
+                    f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.display_name}.forward]",
                     f"{type(cause).__name__}: {cause}",
                     _user_frames(cause),
                 )
@@ -372,7 +380,7 @@ class Target:
                 if self._interpreter_limited(error):
                     return
                 fail(
-                    f"{type(error).__name__} raised while checking this contract [{self.spec.fn.__qualname__}]",
+                    f"{type(error).__name__} raised while checking this contract [{self.spec.display_name}]",
                     f"{type(error).__name__}: {error}",
                     _user_frames(error),
                 )

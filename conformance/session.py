@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DEFAULT_IMPL, DEVICE_CHOICES, DTYPE_NAMES
+from conformance.contracts import ContractInfo, contract_of, discover
 from conformance.expectations import Expectation, Expectations
 from conformance.global_state import SUITE_THREADS
 from conformance.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
@@ -254,6 +255,23 @@ _session_key = pytest.StashKey["ConformanceSession"]()
 _dtype_expectations_key: pytest.StashKey[tuple[Expectation, ...]] = pytest.StashKey()
 
 
+@dataclasses.dataclass(frozen=True)
+class ContractTest:
+    """What one collected contract test checks: put in ``item.stash`` at collection, from the
+    test function's :func:`~conformance.contracts.contract` declaration and its parameter."""
+
+    contract: ContractInfo
+    spec: Spec
+    device: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.contract.name, self.spec.name, self.device
+
+
+contract_test_key = pytest.StashKey[ContractTest]()
+
+
 class ConformanceSession:
     """The run's options, specs, expectations and outcomes, and the hooks that use them.
 
@@ -273,6 +291,7 @@ class ConformanceSession:
         self.flight: FlightRecorder | None = None
         self.own_flight_dir: Path | None = None  # made (and removed) by this process
         self.user_threads: int | None = None  # torch's thread count before the run set its own
+        self.contracts: dict[str, ContractInfo] = {}  # every contract of the suite, by name
 
     # ---------------------------------------------------------------- setup
 
@@ -338,12 +357,13 @@ class ConformanceSession:
                 self.specs = load_impls(options.impl, search_paths=search)
             except (SpecError, ImplError) as error:
                 raise pytest.UsageError(str(error)) from None
-            _check_contract_names(self.config)
+            self.contracts = discover()
+            _check_contract_names(self.config, self.contracts)
         return self.specs
 
     def possible_tests(self) -> list[tuple[str, str, str]]:
         """Every (contract, function, device) the registered Functions have, whatever this run selects."""
-        return [(c, s.name, d) for s in self.specs or () for d in s.devices for c in known_contracts()]
+        return [(c, s.name, d) for s in self.specs or () for d in s.devices for c in self.contracts]
 
     # ---------------------------------------------------------------- hooks
 
@@ -374,9 +394,11 @@ class ConformanceSession:
         if self.options is None:
             return
         for item in items:
-            key = _item_key(item)
-            if key is None:
+            test = _contract_test(item)
+            if test is None:
                 continue
+            item.stash[contract_test_key] = test
+            key = test.key
             item.user_properties.append((TEST_PROPERTY, key))
             if self.expectations is not None:
                 self._apply_expectations(item, key)
@@ -386,8 +408,9 @@ class ConformanceSession:
             return
         kept, dropped = [], []
         for item in items:
-            key = _item_key(item)
-            if key is not None and ((wanted and key[0] not in wanted) or key[0] in unwanted):
+            test = item.stash.get(contract_test_key, None)
+            name = test.contract.name if test is not None else None
+            if name is not None and ((wanted and name not in wanted) or name in unwanted):
                 dropped.append(item)
             else:
                 kept.append(item)
@@ -558,29 +581,26 @@ def activate(config: pytest.Config) -> ConformanceSession:
 # ------------------------------------------------------------------------ collection
 
 
-def _contract_name(function_name: str) -> str:
-    return function_name[len("test_"):] if function_name.startswith("test_") else function_name
-
-
 def known_contracts() -> list[str]:
-    return sorted(p.stem[len("test_"):] for p in PACKAGE_DIR.glob("test_*.py"))
+    return sorted(discover())
 
 
-def _check_contract_names(config: pytest.Config) -> None:
-    known = known_contracts()
+def _check_contract_names(config: pytest.Config, contracts: dict[str, ContractInfo]) -> None:
+    known = sorted(contracts)
     for flag, name in (("--contracts", "conformance_contracts"), ("--skip-contracts", "conformance_skip_contracts")):
         unknown = [c for c in _list_setting(config, name) if c not in known]
         if unknown:
             raise pytest.UsageError(f"{flag}: unknown contracts {unknown}; choose from {', '.join(known)}")
 
 
-def _item_key(item: pytest.Item) -> tuple[str, str, str] | None:
-    """(contract, function, device) of a contract test item, else None."""
+def _contract_test(item: pytest.Item) -> ContractTest | None:
+    """What a contract test item checks (its declaration and parameter), else None."""
+    info = contract_of(getattr(item, "function", None))
     callspec = getattr(item, "callspec", None)
-    if CONTRACT_FIXTURE not in getattr(item, "fixturenames", ()) or callspec is None:
+    if info is None or callspec is None or CONTRACT_FIXTURE not in callspec.params:
         return None
     spec, device = callspec.params[CONTRACT_FIXTURE]
-    return _contract_name(getattr(item, "originalname", item.name)), spec.name, device
+    return ContractTest(contract=info, spec=spec, device=device)
 
 
 def rerun_command(config: pytest.Config, item: pytest.Item, options: RunOptions, device: str) -> str:
@@ -618,19 +638,25 @@ def _repro_dir(request: pytest.FixtureRequest) -> Path:
 
 def make_target(request: pytest.FixtureRequest) -> Target:
     """The ``conformance_target`` fixture's value: the Function and device this test checks."""
-    spec, device = request.param
+    node = request.node
+    test = node.stash.get(contract_test_key, None)
+    if test is None:  # collected without the session's modifyitems hook (a plugin dropped it)
+        test = _contract_test(node)
+        if test is None:
+            raise pytest.UsageError(f"{node.nodeid} uses {CONTRACT_FIXTURE} but is not a declared @contract test")
+    spec, device = test.spec, test.device
     session = request.config.stash[_session_key]
     options = session.ensure_options()
-    node = request.node
     rerun = rerun_command(request.config, node, options, device)
     node.user_properties.append((RERUN_PROPERTY, rerun))
     if session.flight is not None:
-        session.flight.start_test(node.nodeid, _contract_name(node.originalname), spec.name, device, rerun)
+        session.flight.start_test(node.nodeid, test.contract.name, spec.name, device, rerun)
     target = Target(
         flight=session.flight,
         spec=spec,
         device=device,
-        contract=_contract_name(node.originalname),
+        contract=test.contract.name,
+        case_options=test.contract.case,
         options=options,
         nodeid=node.nodeid,
         user_properties=node.user_properties,
@@ -648,4 +674,6 @@ def make_target(request: pytest.FixtureRequest) -> Target:
     if reason is not None:
         node.user_properties.append((STATUS_PROPERTY, "waived"))
         pytest.skip(f"waived by spec {spec.name!r}: {reason}")
+    for requirement in test.contract.requires:
+        requirement.check(target)  # skips (n/a or not run here) when unmet
     return target

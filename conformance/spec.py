@@ -22,6 +22,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
+from conformance.adapters import FunctionAdapter, OpAdapter, adapt, positional_arity
 from strategies.dims import DimRule, broadcast_forms
 from strategies.recipes import (
     AdditiveMaskRecipe,
@@ -557,7 +558,10 @@ INPUT_KINDS = (Tensor, Mask, Index, Scalar, Offsets, Derived)
 
 @dataclass(frozen=True, eq=False)
 class Spec:
-    """One registered Function and everything the suite may assume about it."""
+    """One registered target (a Function or a custom op) and everything the suite may assume about it.
+
+    ``op`` is how the suite calls, names and imports it (:mod:`conformance.adapters`); ``fn`` is
+    the Function the probe wraps (the user's own, or one made of a custom op's registered pieces)."""
 
     fn: type[torch.autograd.Function]
     name: str
@@ -582,6 +586,16 @@ class Spec:
     autotune_config: str = ""  # that config, described for failure messages
     origin: str = "__main__"
     source_file: str = ""
+    op: OpAdapter = field(default=None, repr=False)  # type: ignore[assignment]  # set by register()
+
+    def __post_init__(self) -> None:
+        if self.op is None:
+            object.__setattr__(self, "op", FunctionAdapter(self.fn))
+
+    @property
+    def display_name(self) -> str:
+        """The target in messages: ``MyFn`` or ``mylib::softplus``."""
+        return self.op.display_name
     registered_at: str = ""
 
     @property
@@ -619,7 +633,7 @@ class Spec:
         return self.inputs[self.index_of(name)]
 
     def __repr__(self) -> str:
-        return f"<conformance spec {self.name!r}: {self.fn.__module__}.{self.fn.__qualname__}>"
+        return f"<conformance spec {self.name!r}: {self.op.module}.{self.display_name}>"
 
 
 # What a Function promises to keep for backward (register(..., saves=)): only its inputs'
@@ -673,7 +687,7 @@ def _caller() -> tuple[str, str]:
 
 
 def register(
-    fn: type[torch.autograd.Function],
+    fn: Any,
     *,
     inputs: Sequence[InputSpec],
     reference: Callable[..., Any],
@@ -693,8 +707,10 @@ def register(
     max_examples: int | None = None,
     autotune: Any = None,
     fast_gradcheck: bool = False,
-) -> type[torch.autograd.Function]:
-    """Register ``fn`` (a ``torch.autograd.Function`` subclass) for conformance testing.
+) -> Any:
+    """Register ``fn`` for conformance testing: a ``torch.autograd.Function`` subclass, or a
+    ``torch.library.custom_op`` with ``register_autograd`` (the object the decorator returns,
+    or ``torch.ops.<ns>.<name>``). A custom op's arguments are the spec's inputs, in order.
 
     ``fast_gradcheck=True``: the gradcheck contract uses random projections (a few evaluations
     per example) at every size, not the full Jacobian below 256 elements: for a Function each
@@ -707,7 +723,7 @@ def register(
     Returns ``fn`` unchanged, so it can be used after the class statement. Raises
     :class:`SpecError` naming the field when the spec cannot work.
     """
-    spec_name = name if name is not None else getattr(fn, "__name__", repr(fn))
+    spec_name = name if name is not None else getattr(fn, "__name__", None) or getattr(fn, "_name", None) or repr(fn)
     origin, registered_at = _caller()
     spec = _build_spec(
         fn,
@@ -732,22 +748,22 @@ def register(
         registered_at=registered_at,
     )
     for one in _autotune_specs(spec, autotune):
-        _add(one, fn, origin, registered_at)
+        _add(one, origin, registered_at)
     return fn
 
 
-def _add(spec: Spec, fn: type, origin: str, registered_at: str) -> None:
+def _add(spec: Spec, origin: str, registered_at: str) -> None:
     for existing in _REGISTRY:
         if existing.name == spec.name:
-            same_call = existing.registered_at == registered_at != "" and existing.fn.__qualname__ == fn.__qualname__
+            same_call = existing.registered_at == registered_at != "" and existing.display_name == spec.display_name
             if same_call:
                 _REGISTRY.remove(existing)  # the same file imported again (by path or name): replace
                 break
             raise SpecError(
                 spec.name,
                 "name",
-                f"registered twice: for {existing.fn.__qualname__} at {existing.registered_at or existing.origin} "
-                f"and for {fn.__qualname__} at {registered_at or origin}; pass a distinct name= to one of them",
+                f"registered twice: for {existing.display_name} at {existing.registered_at or existing.origin} "
+                f"and for {spec.display_name} at {registered_at or origin}; pass a distinct name= to one of them",
             )
     _REGISTRY.append(spec)
 
@@ -783,30 +799,6 @@ def _autotune_specs(spec: Spec, autotune: Any) -> list[Spec]:
     return specs
 
 
-def _positional_arity(func: Callable[..., Any], *, skip: int) -> tuple[int, float] | None:
-    """(required, maximum) positional parameter counts, or None when not introspectable."""
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
-        return None
-    params = list(signature.parameters.values())[skip:]
-    required = 0
-    maximum: float = 0
-    for param in params:
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            maximum = math.inf
-        elif param.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            maximum += 1
-            if param.default is inspect.Parameter.empty:
-                required += 1
-    return required, maximum
-
-
-def _uses_setup_context(fn: type[torch.autograd.Function]) -> bool:
-    base = torch.autograd.function._SingleLevelFunction.setup_context
-    return getattr(fn, "setup_context", base) is not base
-
-
 def _build_spec(
     fn: Any,
     *,
@@ -837,8 +829,10 @@ def _build_spec(
 
     if not isinstance(spec_name, str) or not spec_name or not _NAME.match(spec_name):
         raise fail("name", f"{spec_name!r} must be a non-empty string of letters, digits and _.:+-")
-    if not (isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
-        raise fail("fn", f"{fn!r} is not a torch.autograd.Function subclass")
+    try:
+        op = adapt(fn)
+    except TypeError as error:
+        raise fail("fn", str(error)) from None
 
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
         raise fail("inputs", f"must be a list of Tensor/Scalar/Mask/Index/Derived/Offsets/AdditiveMask, got {inputs!r}")
@@ -864,21 +858,21 @@ def _build_spec(
     if surrogate is not None and not callable(surrogate):
         raise fail("surrogate", f"{surrogate!r} is not callable")
 
-    forward_skip = 0 if _uses_setup_context(fn) else 1
-    arity = _positional_arity(fn.forward, skip=forward_skip)
+    arity = op.arity()
     if arity is not None:
         required, maximum = arity
         if not required <= len(inputs) <= maximum:
             expected = f"{required}" if required == maximum else f"{required}..{maximum}"
             raise fail(
                 "inputs",
-                f"{fn.__qualname__}.forward takes {expected} arguments after ctx, "
+                f"{op.display_name}{'.forward' if op.kind == 'autograd.Function' else ''} takes {expected} arguments"
+                f"{' after ctx' if op.kind == 'autograd.Function' else ''}, "
                 f"but the spec lists {len(inputs)}: {[i.name for i in inputs]}",
             )
     for field_name, func in (("reference", reference), ("surrogate", surrogate)):
         if func is None:
             continue
-        arity = _positional_arity(func, skip=0)
+        arity = positional_arity(func, skip=0)
         if arity is not None and not arity[0] <= len(inputs) <= arity[1]:
             raise fail(field_name, f"takes {arity[0]}..{arity[1]} positional arguments, but the spec lists {len(inputs)}")
 
@@ -954,8 +948,13 @@ def _build_spec(
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise fail(field_name, f"must be a positive int (or None for the run's), got {budget!r}")
 
+    declared = op.mutated_arguments() or ()
+    undeclared = [m for m in declared if m not in mutates]
+    if undeclared:
+        raise fail("mutates", f"{op.display_name} mutates {undeclared} (its schema says so): list them in mutates=")
     return Spec(
-        fn=fn,
+        op=op,
+        fn=op.function,
         name=spec_name,
         inputs=inputs,
         reference=reference,
@@ -975,7 +974,7 @@ def _build_spec(
         fast_gradcheck=fast_gradcheck,
         origin=origin,
         registered_at=registered_at,
-        source_file=_source_file(fn),
+        source_file=_source_file(sys.modules.get(op.module)),
     )
 
 
@@ -1048,9 +1047,9 @@ def _check_dim_fields(dim: Dim, used: set[str], fail: Fail, where: str) -> None:
         raise fail(f"{where}.block_sizes", f"must be a tuple of ints >= 2 (or None for the run's), got {blocks!r}")
 
 
-def _source_file(fn: type) -> str:
+def _source_file(module: Any) -> str:
     try:
-        return inspect.getsourcefile(fn) or ""
+        return inspect.getsourcefile(module) or ""
     except TypeError:
         return ""
 

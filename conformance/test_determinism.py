@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import execute
 from conformance.report import describe_value, fail
@@ -36,7 +37,7 @@ def check_determinism(target: Target, data: st.DataObject) -> None:
     require_sound(target.contract, first)
     second = execute(case)
     require_sound(target.contract, second)
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     if len(first.outputs) != len(second.outputs):
         fail(f"len(outputs)={len(second.outputs)} on the second call, but {len(first.outputs)} on the first [{fn_name}.forward]")
     exact = not target.spec.nondeterministic
@@ -70,5 +71,6 @@ def _compare(a: Any, b: Any, what: str, where: str, exact: bool) -> None:
         )
 
 
+@contract("determinism")
 def test_determinism(conformance_target: Target) -> None:
     conformance_target.run(check_determinism)

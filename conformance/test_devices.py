@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import Requirement, contract
 from conformance.defects import require_sound
 from conformance.harness import Execution, execute, run_reference
 from conformance.report import fail, mismatch_report
@@ -84,7 +85,7 @@ def check_devices(target: Target, data: st.DataObject) -> None:
         grad_outputs = tuple(g.detach().cpu() for g in on_cuda.grad_outputs)
         on_cpu = execute(case, device="cpu", grad_outputs=lambda outs: grad_outputs)
         require_sound(target.contract, on_cpu)
-    fn_name = spec.fn.__qualname__
+    fn_name = spec.display_name
     _check_placement(on_cuda, fn_name)
     _check_placement(on_cpu, fn_name)
 
@@ -155,14 +156,18 @@ def _compare(spec: Any, got: Any, want: Any, what: str, where: str, allowed_for:
         )
 
 
-def test_devices(conformance_target: Target) -> None:
-    if conformance_target.device == "cpu":
-        conformance_target.not_applicable(SKIP_CPU)
+def _cuda_with_cpu_twin(target: Target) -> None:
+    if target.device == "cpu":
+        target.not_applicable(SKIP_CPU)
     if not torch.cuda.is_available():
-        conformance_target.not_run_here("CUDA is not available on this machine (torch.cuda.is_available() is False)")
-    if "cpu" not in conformance_target.spec.devices:
-        conformance_target.not_applicable(
-            f"{conformance_target.spec.name!r} declares devices={conformance_target.spec.devices}: there is no "
+        target.not_run_here("CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    if "cpu" not in target.spec.devices:
+        target.not_applicable(
+            f"{target.spec.name!r} declares devices={target.spec.devices}: there is no "
             "CPU result to compare with (the reference contract checks it against a float64 CPU truth)"
         )
+
+
+@contract("devices", requires=[Requirement("a CUDA test id of a Function that also runs on the CPU", _cuda_with_cpu_twin)])
+def test_devices(conformance_target: Target) -> None:
     conformance_target.run(check_devices)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.global_state import RngStates, Snapshot, differences, pin, rng_states, seed_all, snapshot
 from conformance.harness import Execution, execute
@@ -90,7 +91,7 @@ def _check_flags(target: Target, state: Snapshot, phase: str) -> None:
     name, now, pinned = changed[0]
     others = ", ".join(f"{n}={_show(v)}" for n, v, _ in changed[1:])
     fail(
-        f"{name}={_show(now)} after {phase}, but should be {_show(pinned)} [{target.spec.fn.__qualname__}.{phase}]",
+        f"{name}={_show(now)} after {phase}, but should be {_show(pinned)} [{target.spec.display_name}.{phase}]",
         f"{phase} changed torch's global state and left it changed: every op the caller runs after this "
         "call sees it.",
         f"Also changed: {others}." if others else "",
@@ -99,7 +100,7 @@ def _check_flags(target: Target, state: Snapshot, phase: str) -> None:
 
 
 def _check_rng(target: Target, first: _Run, again: _Run, other: _Run) -> None:
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     forward_drew = not first.after_forward.rng.same_as(first.start)
     if forward_drew and first.after_forward.rng.same_as(other.after_forward.rng):
         fail(
@@ -155,5 +156,6 @@ def check_global_state(target: Target, data: st.DataObject) -> None:
     target.checked()  # forward's effect at least; backward's too when it ran
 
 
+@contract("global_state")
 def test_global_state(conformance_target: Target) -> None:
     conformance_target.run(check_global_state)

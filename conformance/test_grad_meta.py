@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import execute
 from conformance.runner import Target
+from strategies.cases import CaseOptions
 
 
 def check_grad_meta(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(data, broadcast=True)  # broadcastable inputs get size-1 and missing dims
+    case = target.draw_case(data)
     execution = execute(case)
     require_sound(target.contract, execution)
     if target.backward_ran(execution):
         target.checked()
 
 
+@contract('grad_meta', case=CaseOptions(broadcast=True))
 def test_grad_meta(conformance_target: Target) -> None:
     conformance_target.run(check_grad_meta)

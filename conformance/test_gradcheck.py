@@ -17,6 +17,7 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
+from conformance.contracts import contract, float64
 from conformance.harness import (
     FD_EPS,
     FD_SPACING,
@@ -30,6 +31,7 @@ from conformance.harness import (
 from conformance.probe import guarded
 from conformance.report import fail
 from conformance.runner import Target
+from strategies.cases import CaseOptions
 
 FAST_MODE_ELEMENTS = 256
 SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
@@ -37,17 +39,23 @@ FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
 SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
 
 
-def gradcheck_inputs(target: Target, data: st.DataObject, *, spacing: float = 0.0):  # type: ignore[no-untyped-def]
-    case = target.draw_case(data, dtypes=(torch.float64,), broadcast=True, spacing=spacing)
+# Elements kept FD_SPACING apart and from declared kinks: a central difference across a
+# near-tie or a kink has no right answer (see strategies.values.spread).
+GRADCHECK_CASES = CaseOptions(dtypes=(torch.float64,), broadcast=True, spacing=FD_SPACING)
+
+
+def gradcheck_inputs(target: Target, data: st.DataObject, *, spaced: bool = True):  # type: ignore[no-untyped-def]
+    case = target.draw_case(data, None if spaced else target.case_options.replace(spacing=0.0))
     args = case.args(dtype=torch.float64)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     return case, args, wrt_positions
 
 
 def check_gradcheck(target: Target, data: st.DataObject) -> None:
-    # Elements kept FD_SPACING apart and from declared kinks: a central difference across a
-    # near-tie or a kink has no right answer (see strategies.values.spread).
-    case, args, wrt_positions = gradcheck_inputs(target, data, spacing=FD_SPACING)
+    if target.spec.surrogate is not None:
+        check_surrogate(target, data)
+        return
+    case, args, wrt_positions = gradcheck_inputs(target, data)
     if not target.backward_ran(preflight(target.contract, case, dtype=torch.float64)):
         return
     names = [case.recipes[i].name for i in wrt_positions]
@@ -91,7 +99,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
 
 
 def check_surrogate(target: Target, data: st.DataObject) -> None:
-    case, _, _ = gradcheck_inputs(target, data)
+    case, _, _ = gradcheck_inputs(target, data, spaced=False)
     execution = preflight(target.contract, case, dtype=torch.float64)
     if not target.backward_ran(execution):
         return
@@ -112,7 +120,6 @@ def check_surrogate(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
+@contract("gradcheck", case=GRADCHECK_CASES, requires=[float64("gradcheck needs float64; the reference contract covers the others")])
 def test_gradcheck(conformance_target: Target) -> None:
-    spec = conformance_target.spec
-    conformance_target.require_float64("gradcheck needs float64; the reference contract covers the others")
-    conformance_target.run(check_surrogate if spec.surrogate is not None else check_gradcheck)
+    conformance_target.run(check_gradcheck)

@@ -30,11 +30,12 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
+from conformance.contracts import Requirement, contract
 from conformance.harness import FD_EPS, FD_SPACING, NONDET_TOL, fixed_rng, function_of_tensors, preflight
 from conformance.probe import Recorder, probe
 from conformance.report import fail
 from conformance.runner import Target
-from strategies.cases import Case
+from strategies.cases import Case, CaseOptions
 
 FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases
 SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
@@ -84,7 +85,7 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     dtype = torch.float64 if torch.float64 in target.dtypes() else target.dtypes()[0]
     # Finite differences of backward: elements apart from each other and from declared kinks.
     spacing = FD_SPACING if target.spec.double_backward else 0.0
-    case = target.draw_case(data, dtypes=(dtype,), max_elements=MAX_ELEMENTS, spacing=spacing)
+    case = target.draw_case(data, target.case_options.replace(spacing=spacing), dtypes=(dtype,))
     args = case.args(dtype=dtype)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not target.backward_ran(preflight(target.contract, case, dtype=dtype)):
@@ -276,7 +277,15 @@ def _gradgradcheck_verdict(call: Any, case: Case, wrt: tuple[torch.Tensor, ...])
     )
 
 
+def _float64_if_differentiable(target: Target) -> None:
+    if target.spec.double_backward:
+        target.require_float64("gradgradcheck needs float64")
+
+
+@contract(
+    "gradgradcheck",
+    case=CaseOptions(max_elements=MAX_ELEMENTS),
+    requires=[Requirement("float64 for a twice-differentiable Function", _float64_if_differentiable)],
+)
 def test_gradgradcheck(conformance_target: Target) -> None:
-    if conformance_target.spec.double_backward:
-        conformance_target.require_float64("gradgradcheck needs float64")
     conformance_target.run(check_gradgradcheck)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, preflight
 from conformance.probe import BackwardCall, probe
 from conformance.report import describe_value, fail
@@ -126,7 +127,7 @@ def check_inplace(target: Target, data: st.DataObject) -> None:
 
 def _check_once(target: Target, case: Case) -> None:
     spec = target.spec
-    fn_name = spec.fn.__qualname__
+    fn_name = spec.display_name
     mutated = set(spec.mutates)
     probed, recorder = probe(spec.fn, allocations=allocation_policy(spec))
     leaves = case.args()
@@ -238,7 +239,7 @@ def _check_backward_record(
     tensors: list[tuple[str, torch.Tensor]],
     after_forward: dict[str, Snapshot],
 ) -> None:
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     raw = call.raw or ()
     returned_for = {
         position: names[position] if position < len(names) else f"#{position}" for position in range(len(raw))
@@ -306,5 +307,6 @@ def _check_backward_record(
                 )
 
 
+@contract("inplace")
 def test_inplace(conformance_target: Target) -> None:
     conformance_target.run(check_inplace)

@@ -21,18 +21,19 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import Execution, execute, random_state, run_reference
 from conformance.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp, upcast
 from conformance.report import fail
 from conformance.runner import Target
-from strategies.cases import GRAD_LAYOUTS, Case
+from strategies.cases import GRAD_LAYOUTS, LAYOUTS, Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 from strategies.values import tensor_from_seed
 
 # Every non-contiguous layout; degenerate ones (transposed 1-d, expanded non-constant rows,
 # channels_last below 4-d) come back contiguous, so mixes of both still occur.
-LAYOUTS_DRAWN = ("transposed", "sliced", "offset", "expanded", "channels_last", "swapped")
+LAYOUTS_DRAWN = tuple(layout for layout in LAYOUTS if layout != "contiguous")
 GRAD_OUTPUT_KINDS = ("noncontiguous", "expanded", "random")
 NOISE_SEED = 20240611
 
@@ -153,9 +154,7 @@ def _run(case: Case, target: Target, grad_outputs: Any = None) -> Execution:
 
 
 def check_layouts(target: Target, data: st.DataObject) -> None:
-    case = target.draw_case(
-        data, layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True
-    )
+    case = target.draw_case(data)
     case = replace(case, grad_layout=data.draw(st.sampled_from(GRAD_LAYOUTS), label="grad_output layout"))
     contiguous_case = replace(case, recipes=tuple(replace(r, layout="contiguous") if isinstance(r, FloatingRecipe) else r for r in case.recipes))
     baseline = _run(contiguous_case, target, grad_outputs=lambda outs: tuple(g.contiguous() for g in case.grad_outputs(outs)))
@@ -185,7 +184,7 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
             "or sizes above 1, or no Tensor input and no gradient), so there was nothing to compare"
         )
         return
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     noise = _reference_noise(target, contiguous_case, baseline.grad_outputs)
     floors = _term_floors(target, contiguous_case, dict(zip(baseline.diff_positions, baseline.grad_outputs_before)))
     values = not target.spec.nondeterministic
@@ -247,5 +246,6 @@ def _compare(
         )
 
 
+@contract("layouts", case=CaseOptions(layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True))
 def test_layouts(conformance_target: Target) -> None:
     conformance_target.run(check_layouts)

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import Blocked, Defect, require_sound
 from conformance.harness import Execution, execute, fixed_rng, why_no_backward
 from conformance.report import ContractFailure, describe_value, fail
 from conformance.runner import Target
-from strategies.cases import Case
+from strategies.cases import Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 
 # Subsets are enumerated exhaustively up to this many differentiable inputs (2**4 runs).
@@ -81,7 +82,7 @@ def _tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float
 
 
 def _check_no_grad_forward(target: Target, case: Case, execution: Execution) -> None:
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     for position, out in enumerate(execution.outputs):
         if isinstance(out, torch.Tensor) and (out.requires_grad or out.grad_fn is not None):
             fail(
@@ -95,7 +96,7 @@ def _check_no_grad_forward(target: Target, case: Case, execution: Execution) -> 
 def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> None:
     """Run the drawn case with every input requiring grad, then each subset, checking either the
     correctness half (needs_input_grad) or the efficiency half (unneeded_grads)."""
-    drawn = target.draw_case(data, requires_grad="subsets")
+    drawn = target.draw_case(data)
     everything = frozenset(i.name for i in target.spec.differentiable_inputs)
     full = _run(drawn, everything)
     require_sound(target.contract, full)
@@ -160,7 +161,7 @@ def _check_subset(
         return False  # no differentiable output reached: nothing to check
     call = execution.recorder.last
     assert call.raw is not None  # require_sound: backward returned
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     declared = {i.name for i in target.spec.differentiable_inputs}
     needs = call.needs_input_grad
     returned = ", ".join(describe_value(v) for v in call.raw)
@@ -223,5 +224,6 @@ def _check_subset(
     return True
 
 
+@contract('needs_input_grad', case=CaseOptions(requires_grad="subsets"))
 def test_needs_input_grad(conformance_target: Target) -> None:
     conformance_target.run(check_needs_input_grad)

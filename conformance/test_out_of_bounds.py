@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import Execution, execute, random_state
 from conformance.memory import MARGIN
 from conformance.report import fail
-from conformance.runner import Target
+from conformance.runner import VARIED_CASES, Target
 
 
 def _damage(execution: Execution) -> list[str]:
@@ -36,7 +37,7 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
 
     with random_state(case.spec, case):
         execution = execute(case, guard_inputs=True, after_forward=look_after_forward)
-    fn_name = case.spec.fn.__qualname__
+    fn_name = case.spec.display_name
     phase, found = "forward", after_forward
     if not found:
         phase, found = "backward", _damage(execution)
@@ -54,5 +55,6 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
+@contract('out_of_bounds', case=VARIED_CASES)
 def test_out_of_bounds(conformance_target: Target) -> None:
     conformance_target.run(check_out_of_bounds)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import SOME_DTYPE, Requirement, contract
 from conformance.defects import require_sound
 from conformance.harness import execute, random_state
 from conformance.numerics import (
@@ -39,7 +40,7 @@ from conformance.numerics import (
 from conformance.report import describe_value, fail
 from conformance.runner import Target
 from conformance.spec import Spec
-from strategies.cases import Case
+from strategies.cases import Case, CaseOptions
 from strategies.values import MASK_KINDS
 
 # Extra samples of the reference's own error per example and dtype: the reference in the tested
@@ -51,7 +52,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     """Compare the implementation with the truth (and the baseline) for ``case`` in ``dtype``;
     False when there was no tensor to compare."""
     spec = target.spec
-    fn_name = spec.fn.__qualname__
+    fn_name = spec.display_name
     dtype_name = str(dtype).removeprefix("torch.")
     if target.context is not None:
         target.context.use_case(case.with_dtype(dtype))  # the repro rebuilds this dtype
@@ -175,7 +176,7 @@ def check_reference(target: Target, data: st.DataObject) -> None:
         # run), so values are compared only in float64, under one seeded RNG state.
         dtypes = tuple(d for d in dtypes if d == torch.float64)
     # Ordinary magnitudes do not depend on the dtype: one case, checked in every dtype.
-    case = target.draw_case(data, dtypes=dtypes[:1], mask_kinds=MASK_KINDS, broadcast=True)
+    case = target.draw_case(data, dtypes=dtypes[:1])
     compared = [check_dtype(target, case, dtype) for dtype in dtypes]
     if any(compared):
         target.checked()
@@ -183,17 +184,23 @@ def check_reference(target: Target, data: st.DataObject) -> None:
         target.not_checked("the reference returns no tensor to compare with")
 
 
-def test_reference(conformance_target: Target) -> None:
-    if not conformance_target.dtypes():
-        conformance_target.not_run_here("every dtype of this spec is excluded by --dtypes")
-    if conformance_target.spec.nondeterministic and conformance_target.device != "cpu":
-        conformance_target.not_applicable(
+def _comparable_randomness(target: Target) -> None:
+    if target.spec.nondeterministic and target.device != "cpu":
+        target.not_applicable(
             "declared nondeterministic: the float64 truth is computed on the CPU, whose random stream "
             "differs from the device's, so values are compared on the -cpu test id only"
         )
-    if conformance_target.spec.nondeterministic and torch.float64 not in conformance_target.dtypes():
-        conformance_target.not_applicable(
+    if target.spec.nondeterministic and torch.float64 not in target.dtypes():
+        target.not_applicable(
             "declared nondeterministic without float64: random draws differ between dtypes, so values "
             "can only be compared with the reference in float64 under one seeded RNG state"
         )
+
+
+@contract(
+    "reference",
+    case=CaseOptions(mask_kinds=MASK_KINDS, broadcast=True),
+    requires=[SOME_DTYPE, Requirement("one seeded RNG stream", _comparable_randomness)],
+)
+def test_reference(conformance_target: Target) -> None:
     conformance_target.run(check_reference)

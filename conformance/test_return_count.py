@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound, structural_defects
 from conformance.harness import execute
 from conformance.report import fail
@@ -33,5 +34,6 @@ def check_return_count(target: Target, data: st.DataObject) -> None:
         target.checked()
 
 
+@contract("return_count")
 def test_return_count(conformance_target: Target) -> None:
     conformance_target.run(check_return_count)

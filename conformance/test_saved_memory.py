@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import Requirement, contract
 from conformance.defects import require_sound
 from conformance.harness import Execution, execute, random_state
 from conformance.memory import SavedStorage, saved_storages
@@ -76,7 +77,7 @@ def check_saved_memory(target: Target, data: st.DataObject) -> None:
     target.checked()
     if kept > allowed:
         fail(
-            f"saved_bytes={kept}, but should be <= {allowed} [{spec.fn.__qualname__}.forward]",
+            f"saved_bytes={kept}, but should be <= {allowed} [{spec.display_name}.forward]",
             f"The promise: {promise}. forward keeps besides those: {_describe(extra)}.",
             "Sizes are of whole storages: a saved view keeps its base alive. Save only what the promise allows "
             "(e.g. the log-sum-exp per row, not the probabilities) and recompute the rest in backward, or correct "
@@ -84,7 +85,11 @@ def check_saved_memory(target: Target, data: st.DataObject) -> None:
         )
 
 
+def _promise(target: Target) -> None:
+    if target.spec.saves is None:
+        target.not_applicable(NO_PROMISE)
+
+
+@contract("saved_memory", requires=[Requirement("a saves= promise", _promise)])
 def test_saved_memory(conformance_target: Target) -> None:
-    if conformance_target.spec.saves is None:
-        conformance_target.not_applicable(NO_PROMISE)
     conformance_target.run(check_saved_memory)

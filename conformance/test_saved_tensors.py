@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import allocation_policy, as_tuple, differentiable_positions, execute, forward_args
 from conformance.probe import guarded
@@ -52,7 +53,7 @@ def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list
             refs.append(weakref.ref(node))
         except TypeError:  # a node type without weakref support: the outputs still tell
             continue
-        labels.append(f"graph node {type(node).__name__} (the ctx of {case.spec.fn.__qualname__})")
+        labels.append(f"graph node {type(node).__name__} (the ctx of {case.spec.display_name})")
     del nodes
     if positions and wrt:
         diff = [outputs[p] for p in positions]
@@ -64,7 +65,7 @@ def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list
 
 def check_saved_tensors(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     execution = execute(case)
     require_sound(target.contract, execution)
     if not target.backward_ran(execution):
@@ -100,5 +101,6 @@ def check_saved_tensors(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
+@contract("saved_tensors")
 def test_saved_tensors(conformance_target: Target) -> None:
     conformance_target.run(check_saved_tensors)

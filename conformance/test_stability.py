@@ -27,12 +27,13 @@ from dataclasses import replace
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import SOME_DTYPE, contract
 from conformance.defects import require_sound
 from conformance.harness import execute, random_state
 from conformance.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
 from conformance.report import fail
 from conformance.runner import Target
-from strategies.cases import Case
+from strategies.cases import Case, CaseOptions
 from strategies.recipes import MaskRecipe, TensorRecipe
 from strategies.values import MASK_KINDS
 
@@ -57,7 +58,7 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     if target.context is not None:
         target.context.use_case(case)
     dtype = case.dtype
-    fn_name = spec.fn.__qualname__
+    fn_name = spec.display_name
     dtype_name = str(dtype).removeprefix("torch.")
     scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
     with random_state(spec, case):  # declared random: every evaluation draws the same numbers
@@ -124,15 +125,17 @@ def one_extreme(case: Case, data: st.DataObject) -> Case:
     return replace(case, recipes=recipes)
 
 
+EXTREME_CASES = CaseOptions(extreme=True, mask_kinds=MASK_KINDS)
+SINGLE_ELEMENT_CASES = EXTREME_CASES.replace(min_size=1, max_size=1, block_sizes=())
+
+
 def check_stability(target: Target, data: st.DataObject) -> None:
     for dtype in target.dtypes():
         # Extreme magnitudes depend on the dtype's range: draw a case per dtype.
-        extreme = one_extreme(target.draw_case(data, dtypes=(dtype,), extreme=True, mask_kinds=MASK_KINDS), data)
+        extreme = one_extreme(target.draw_case(data, dtypes=(dtype,)), data)
         compared = check_case(target, extreme, "extreme")
         compared = check_case(target, degenerate(extreme), "degenerate") or compared
-        single = target.draw_case(
-            data, dtypes=(dtype,), extreme=True, min_size=1, max_size=1, block_sizes=(), mask_kinds=MASK_KINDS
-        )
+        single = target.draw_case(data, SINGLE_ELEMENT_CASES, dtypes=(dtype,))
         compared = check_case(target, one_extreme(single, data), "single") or compared
         if compared:
             target.checked()
@@ -142,7 +145,6 @@ def check_stability(target: Target, data: st.DataObject) -> None:
             )
 
 
+@contract("stability", case=EXTREME_CASES, requires=[SOME_DTYPE])
 def test_stability(conformance_target: Target) -> None:
-    if not conformance_target.dtypes():
-        conformance_target.not_run_here("every dtype of this spec is excluded by --dtypes")
     conformance_target.run(check_stability)

@@ -19,6 +19,7 @@ import itertools
 import torch
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import (
     allocation_policy,
@@ -84,7 +85,7 @@ def _grads(
 
 def check_undefined_grads(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    fn_name = target.spec.fn.__qualname__
+    fn_name = target.spec.display_name
     with random_state(target.spec, case):
         execution = execute(case, backward=False)
     require_sound(target.contract, execution)  # forward's return value; see defects.py
@@ -152,5 +153,6 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
+@contract("undefined_grads")
 def test_undefined_grads(conformance_target: Target) -> None:
     conformance_target.run(check_undefined_grads)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.runner import Target
 from conformance.test_needs_input_grad import run_subsets
 
@@ -21,5 +22,6 @@ def check_unneeded_grads(target: Target, data: st.DataObject) -> None:
     run_subsets(target, data, efficiency=True)
 
 
+@contract("unneeded_grads")
 def test_unneeded_grads(conformance_target: Target) -> None:
     conformance_target.run(check_unneeded_grads)

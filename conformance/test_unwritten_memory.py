@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.contracts import contract
 from conformance.defects import require_sound
 from conformance.harness import execute, random_state
-from conformance.runner import Target
+from conformance.runner import VARIED_CASES, Target
 
 NOTHING_ALLOCATED = (
     "the Function made no uninitialised allocation (torch.empty, empty_like, new_empty, empty_strided) in "
@@ -34,5 +35,6 @@ def check_unwritten_memory(target: Target, data: st.DataObject) -> None:
         target.not_checked(NOTHING_ALLOCATED)
 
 
+@contract('unwritten_memory', case=VARIED_CASES)
 def test_unwritten_memory(conformance_target: Target) -> None:
     conformance_target.run(check_unwritten_memory)

@@ -67,13 +67,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def uses_triton(fn: Any) -> bool:
-    """Whether ``fn`` (a Function class) launches Triton kernels, as far as its module shows:
-    a kernel, an autotuner or the ``triton`` package among the module's globals."""
+def uses_triton(module_name: str) -> bool:
+    """Whether the module ``module_name`` (where a registered target is defined) launches Triton
+    kernels, as far as it shows: a kernel, an autotuner or the ``triton`` package among its globals."""
     import inspect
     import sys
 
-    module = sys.modules.get(getattr(fn, "__module__", ""), None)
+    module = sys.modules.get(module_name, None)
     if module is None:
         return False
     for value in vars(module).values():

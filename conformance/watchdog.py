@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
@@ -81,16 +81,19 @@ class PhaseMarks:
     outer: dict[str, str]  # function name in torch.autograd.gradcheck -> "gradcheck"
 
 
-def phase_marks(fn: type, reference: Callable[..., Any] | None, surrogate: Callable[..., Any] | None) -> PhaseMarks:
-    """The phases of one spec: its Function's methods, its reference and surrogate."""
+def phase_marks(
+    name: str, user_code: Mapping[str, Callable[..., Any]], reference: Callable[..., Any] | None,
+    surrogate: Callable[..., Any] | None,
+) -> PhaseMarks:
+    """The phases of one spec: the user's code (phase label -> function, see
+    :meth:`conformance.adapters.OpAdapter.user_code`), its reference and surrogate."""
     user: dict[CodeType, str] = {}
-    name = getattr(fn, "__qualname__", repr(fn))
-    for method in ("forward", "setup_context", "backward", "vjp", "jvp"):
-        code = _code_of(getattr(fn, method, None))
+    for method, func in user_code.items():
+        code = _code_of(func)
         if code is not None:
             user.setdefault(code, f"{method} of {name}")
-    for label, func in (("the reference", reference), ("the surrogate", surrogate)):
-        code = _code_of(func)
+    for label, extra in (("the reference", reference), ("the surrogate", surrogate)):
+        code = _code_of(extra)
         if code is not None:
             user.setdefault(code, label)
     return PhaseMarks(user=user, outer={"gradcheck": "gradcheck", "gradgradcheck": "gradgradcheck"})

@@ -6,7 +6,17 @@ Each family is a standalone public strategy (``sizes``, ``dim_sizes``, ``batch_s
 ``cases(spec, ...)``, which draws whole calls of a registered Function.
 """
 
-from strategies.cases import LAYOUTS, Case, PartialCase, apply_layout, cases, fit_to_budget, layouts, shape_of
+from strategies.cases import (
+    LAYOUTS,
+    Case,
+    CaseOptions,
+    PartialCase,
+    apply_layout,
+    cases,
+    fit_to_budget,
+    layouts,
+    shape_of,
+)
 from strategies.dims import BLOCK_SIZES, DimRule, batch_shapes, broadcast_forms, dim_sizes, sizes, sizes_near_blocks
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
 from strategies.recipes import (
@@ -49,6 +59,7 @@ __all__ = [
     "VALUE_PATTERNS",
     "AdditiveMaskRecipe",
     "Case",
+    "CaseOptions",
     "DerivedContext",
     "DerivedRecipe",
     "DimRule",

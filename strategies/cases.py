@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -245,21 +245,17 @@ class Case:
 
     def repro(self) -> str:
         """A runnable snippet that rebuilds the inputs and calls forward and backward."""
-        fn = self.spec.fn
         lines = [
             "import torch",
             "from strategies.values import tensor_from_seed, mask_from_seed, additive_mask_from_seed, index_from_seed, grad_output_from_seed",
             "from strategies.cases import apply_layout",
             "from strategies.recipes import derived_from_seed",
         ]
-        module = sys.modules.get(fn.__module__)
-        top = fn.__qualname__.split(".")[0]
+        op = self.spec.op
+        module = sys.modules.get(op.module)
         source_file = getattr(module, "__file__", None) or self.spec.source_file
-        if fn.__module__.startswith("_conformance_impl_") and source_file:
-            lines.append("from conformance.loader import import_path")
-            lines.append(f"{top} = import_path({source_file!r}).{top}")
-        else:
-            lines.append(f"from {fn.__module__} import {top}")
+        imports, callee = op.repro_import(source_file or "")
+        lines.extend(imports)
         names: list[str] = []
         for recipe, spec_input in zip(self.recipes, self.spec.inputs, strict=True):
             source = recipe.source(self.dtype, self.device, spec_input=spec_input, earlier=tuple(names))
@@ -270,7 +266,7 @@ class Case:
                 source += ".detach().requires_grad_()"
             lines.append(f"{recipe.name} = {source}")
             names.append(recipe.name)
-        lines.append(f"out = {fn.__qualname__}.apply({', '.join(names)})")
+        lines.append(f"out = {callee}({', '.join(names)})")
         lines.append("outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor) and o.requires_grad]")
         grads = (
             f"grad_output_from_seed(tuple(o.shape), o.dtype, seed={self.grad_seed} + i, "
@@ -422,34 +418,14 @@ class PartialCase:
         return max(recipe.lengths, default=0)
 
 
-@st.composite
-def cases(
-    draw: st.DrawFn,
-    spec: Spec,
-    *,
-    device: str = "cpu",
-    dtypes: Sequence[torch.dtype] | None = None,
-    max_elements: int = 512,
-    min_size: int = 1,
-    max_size: int = 7,
-    block_sizes: Sequence[int] = (16,),
-    extreme: bool = False,
-    requires_grad: str = "all",
-    layouts: Sequence[str] = ("contiguous",),
-    mask_kinds: Sequence[str] = ("random", "all_true", "padding"),
-    constant_rows: bool = False,
-    broadcast: bool = False,
-    grad_output_kinds: Sequence[str] = ("random",),
-    value_patterns: Sequence[str] = ("random",),
-    max_batch_dims: int = 2,
-    unique_dims: bool = False,
-    spacing: float = 0.0,
-) -> Case:
-    """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
+REQUIRES_GRAD_MODES = ("all", "subsets", "nonempty")
 
-    spec: the registered spec.
-    device: the device the tensors are built on.
-    dtypes: the dtypes to choose from (default: the spec's that ``device`` supports, see :func:`dtypes_for`).
+
+@dataclass(frozen=True)
+class CaseOptions:
+    """What :func:`cases` varies beyond the spec: one frozen, validated preset per contract.
+
+    dtypes: the dtypes to choose from (None: the spec's that the device supports, see :func:`dtypes_for`).
     max_elements: per-input element budget; larger drawn sizes are halved to fit (:func:`fit_to_budget`).
     min_size / max_size / block_sizes: passed to :func:`strategies.dims.dim_sizes` (min_size=0: zero-size dims).
     extreme: draw value magnitudes up towards the dtype's range.
@@ -468,27 +444,95 @@ def cases(
     spacing: for finite differences (gradcheck): every tensor input's elements at least this far
     apart and from the kinks its spec declares (:func:`strategies.values.spread`); ignores
     ``constant_rows`` and ``value_patterns``, which make ties on purpose.
+
+    Invalid values raise ``InvalidArgument`` naming the field and echoing the value, when the
+    preset is made (at import of the contract that declares it), not when a case is drawn.
+    ``options.replace(dtypes=...)`` is a validated copy.
+    """
+
+    dtypes: tuple[torch.dtype, ...] | None = None
+    max_elements: int = 512
+    min_size: int = 1
+    max_size: int = 7
+    block_sizes: tuple[int, ...] = (16,)
+    extreme: bool = False
+    requires_grad: str = "all"
+    layouts: tuple[str, ...] = ("contiguous",)
+    mask_kinds: tuple[str, ...] = ("random", "all_true", "padding")
+    constant_rows: bool = False
+    broadcast: bool = False
+    grad_output_kinds: tuple[str, ...] = ("random",)
+    value_patterns: tuple[str, ...] = ("random",)
+    max_batch_dims: int = 2
+    unique_dims: bool = False
+    spacing: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("dtypes", "block_sizes", "layouts", "mask_kinds", "grad_output_kinds", "value_patterns"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise InvalidArgument(f"{name}={value!r} is a string; pass a tuple, e.g. {name}=({value!r},)")
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        if self.requires_grad not in REQUIRES_GRAD_MODES:
+            raise InvalidArgument(f"requires_grad={self.requires_grad!r} must be one of {REQUIRES_GRAD_MODES}")
+        for name, low in (("max_elements", 1), ("min_size", 0), ("max_size", 0), ("max_batch_dims", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgument(f"{name}={value!r} must be an int >= {low}")
+        if self.max_size < self.min_size:
+            raise InvalidArgument(f"max_size={self.max_size!r} is below min_size={self.min_size!r}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.block_sizes):
+            raise InvalidArgument(f"block_sizes={self.block_sizes!r} must be ints >= 1")
+        for given, allowed, what in (
+            (self.layouts, LAYOUTS, "layouts"),
+            (self.mask_kinds, MASK_KINDS, "mask_kinds"),
+            (self.grad_output_kinds, GRAD_OUTPUT_KINDS, "grad_output_kinds"),
+            (self.value_patterns, VALUE_PATTERNS, "value_patterns"),
+        ):
+            bad = [item for item in given if item not in allowed]
+            if bad or not given:
+                raise InvalidArgument(f"{what}={list(given)!r}: {bad or 'empty'}; choose from {allowed}")
+        if self.dtypes is not None:
+            if not self.dtypes:
+                raise InvalidArgument(f"dtypes={self.dtypes!r} is empty")
+            bad_dtypes = [d for d in self.dtypes if not isinstance(d, torch.dtype)]
+            if bad_dtypes:
+                raise InvalidArgument(f"dtypes={self.dtypes!r}: {bad_dtypes} are not torch.dtype")
+        if not (isinstance(self.spacing, (int, float)) and not isinstance(self.spacing, bool) and self.spacing >= 0):
+            raise InvalidArgument(f"spacing={self.spacing!r} must be a number >= 0")
+
+    def replace(self, **changes: Any) -> CaseOptions:
+        """A validated copy with ``changes`` (unknown names raise ``InvalidArgument``)."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise InvalidArgument(f"unknown case options {unknown}; choose from {[f.name for f in fields(self)]}")
+        return replace(self, **changes)
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    spec: Spec,
+    options: CaseOptions | None = None,
+    *,
+    device: str = "cpu",
+    **changes: Any,
+) -> Case:
+    """Calls of ``spec``: sizes for its dims, values by domain, a dtype and requires_grad set.
+
+    spec: the registered spec.
+    options: what to vary (:class:`CaseOptions`; default ``CaseOptions()``); ``changes`` are
+    applied to it, so ``cases(spec, broadcast=True)`` is ``cases(spec, CaseOptions(broadcast=True))``.
+    device: the device the tensors are built on.
     Shrinks towards the smallest sizes, no batch dims, the first dtype, seeds 0 and scale 1;
     a failure that needs a size past a block boundary shrinks to the smallest such size.
     Example: ``cases(spec, device="cpu").example()``.
     """
-    if requires_grad not in ("all", "subsets", "nonempty"):
-        raise InvalidArgument(f"requires_grad={requires_grad!r} must be 'all', 'subsets' or 'nonempty'")
-    if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
-        raise InvalidArgument(f"max_elements={max_elements!r} must be an int >= 1")
-    if isinstance(max_batch_dims, bool) or not isinstance(max_batch_dims, int) or max_batch_dims < 0:
-        raise InvalidArgument(f"max_batch_dims={max_batch_dims!r} must be an int >= 0")
-    for given, allowed, what in (
-        (layouts, LAYOUTS, "layouts"),
-        (mask_kinds, MASK_KINDS, "mask_kinds"),
-        (grad_output_kinds, GRAD_OUTPUT_KINDS, "grad_output_kinds"),
-        (value_patterns, VALUE_PATTERNS, "value_patterns"),
-    ):
-        bad = [item for item in given if item not in allowed]
-        if bad or not given or isinstance(given, str):
-            raise InvalidArgument(f"{what}={list(given)!r}: {bad or 'empty'}; choose from {allowed}")
-    if dtypes is not None and not tuple(dtypes):
-        raise InvalidArgument(f"dtypes={dtypes!r} is empty")
+    chosen = options if options is not None else CaseOptions()
+    if changes:
+        chosen = chosen.replace(**changes)
+    dtypes = chosen.dtypes
     if dtypes is None:
         dtype_strategy = dtypes_for(spec, device)
     else:
@@ -499,41 +543,42 @@ def cases(
     rules = dict(getattr(spec, "dim_rules", {}))
     sizes = draw(
         dim_sizes(
-            spec.dim_names, min_size=min_size, max_size=max_size, block_sizes=block_sizes, unique=unique_dims, rules=rules
+            spec.dim_names, min_size=chosen.min_size, max_size=chosen.max_size, block_sizes=chosen.block_sizes,
+            unique=chosen.unique_dims, rules=rules,
         ),
         label="dim sizes",
     )
-    batches = {name: draw(batch_shapes(max_dims=max_batch_dims), label=f"*{name}") for name in spec.batch_names}
+    batches = {name: draw(batch_shapes(max_dims=chosen.max_batch_dims), label=f"*{name}") for name in spec.batch_names}
     spec_budget = getattr(spec, "max_elements", None)
-    budget = min(max_elements, spec_budget) if spec_budget is not None else max_elements
-    sizes, batches = fit_to_budget(spec, sizes, batches, budget, min_size=min_size)
+    budget = min(chosen.max_elements, spec_budget) if spec_budget is not None else chosen.max_elements
+    sizes, batches = fit_to_budget(spec, sizes, batches, budget, min_size=chosen.min_size)
 
-    options = DrawOptions(
-        layouts=tuple(layouts), mask_kinds=tuple(mask_kinds), broadcast=broadcast, extreme=extreme,
-        constant_rows=constant_rows, value_patterns=tuple(value_patterns), spacing=float(spacing),
+    draw_options = DrawOptions(
+        layouts=tuple(chosen.layouts), mask_kinds=tuple(chosen.mask_kinds), broadcast=chosen.broadcast, extreme=chosen.extreme,
+        constant_rows=chosen.constant_rows, value_patterns=tuple(chosen.value_patterns), spacing=float(chosen.spacing),
     )
-    partial = PartialCase(spec=spec, dtype=dtype, device=device, sizes=sizes, batches=batches, options=options)
+    partial = PartialCase(spec=spec, dtype=dtype, device=device, sizes=sizes, batches=batches, options=draw_options)
     for spec_input in spec.inputs:
         partial.recipes[spec_input.name] = spec_input.draw_recipe(draw, partial)
     recipes = list(partial.recipes.values())
 
-    if spacing:
+    if chosen.spacing:
         scalars = {r.name: r.value for r in recipes if isinstance(r, ScalarRecipe)}
         kinks = {i.name: _resolve_kinks(i, scalars) for i in spec.tensor_inputs}
         recipes = [
-            replace(r, spacing=float(spacing), kinks=kinks[r.name]) if isinstance(r, TensorRecipe) and r.layout != "expanded" else r
+            replace(r, spacing=float(chosen.spacing), kinks=kinks[r.name]) if isinstance(r, TensorRecipe) and r.layout != "expanded" else r
             for r in recipes
         ]
 
     differentiable = [i.name for i in spec.differentiable_inputs]
-    if requires_grad == "all" or not differentiable:
+    if chosen.requires_grad == "all" or not differentiable:
         wanted = frozenset(differentiable)
     else:
         wanted = draw(
-            requires_grad_subsets(differentiable, min_size=1 if requires_grad == "nonempty" else 0), label="requires_grad"
+            requires_grad_subsets(differentiable, min_size=1 if chosen.requires_grad == "nonempty" else 0), label="requires_grad"
         )
     grad_seed = distinct_seed(draw(value_seeds(), label="grad_output seed"), "grad_output")
-    grad_kind = draw(st.sampled_from(tuple(grad_output_kinds)), label="grad_output kind")
+    grad_kind = draw(st.sampled_from(tuple(chosen.grad_output_kinds)), label="grad_output kind")
     grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
     return Case(
         spec=spec, device=device, dtype=dtype, sizes=sizes, batches=batches,

@@ -26,6 +26,7 @@ from conformance.spec import (
     Tensor,
 )
 from strategies import cases
+from strategies.cases import CaseOptions
 from strategies.recipes import DerivedContext, OffsetsRecipe
 from tests.strategies.helpers import checked_spec
 
@@ -290,7 +291,7 @@ def test_a_spec_caps_its_own_examples_and_elements() -> None:
     seen: list[Any] = []
 
     def check(target: Target, data: st.DataObject) -> None:
-        seen.append(target.draw_case(data, max_elements=512, block_sizes=(32,)))
+        seen.append(target.draw_case(data, CaseOptions(max_elements=512, block_sizes=(32,))))
         target.checked()
 
     Target(spec=spec, device="cpu", contract="meta", options=RunOptions(max_examples=20)).run(check)

@@ -1,0 +1,121 @@
+"""The contract registry: what each contract is, what it draws, and what it needs of a target.
+
+A contract is one test function in one ``conformance/test_<name>.py`` module, declared with
+:func:`contract`::
+
+    @contract("grad_meta", case=CaseOptions(broadcast=True))
+    def test_grad_meta(conformance_target: Target) -> None:
+        conformance_target.run(check_grad_meta)
+
+The declaration travels on the function itself (no module-level registry to mutate): the
+session reads it from each collected item into ``item.stash`` (with the Function and device of
+that item), so nothing is ever parsed back out of a node id. ``case`` is the frozen
+:class:`~strategies.cases.CaseOptions` preset its examples are drawn from; ``requires`` are
+:class:`Requirement` s checked before the first example (unmet: the test is skipped as n/a or
+not run here, with the reason). :func:`discover` lists every contract of the suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from strategies.cases import CaseOptions
+
+if TYPE_CHECKING:
+    from conformance.runner import Target
+
+__all__ = ["CONTRACT_ATTRIBUTE", "SOME_DTYPE", "ContractInfo", "Requirement", "contract", "contract_of", "discover", "float64"]
+
+CONTRACT_ATTRIBUTE = "__conformance_contract__"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something a contract needs of its target before any example runs.
+
+    ``check(target)`` returns nothing when the need is met; otherwise it calls
+    ``target.not_applicable(reason)`` (the contract says nothing about this target) or
+    ``target.not_run_here(reason)`` (this machine or these options cannot check it)."""
+
+    name: str
+    check: Callable[[Target], None]
+
+    def __repr__(self) -> str:
+        return f"Requirement({self.name!r})"
+
+
+@dataclass(frozen=True)
+class ContractInfo:
+    """One contract's declaration (see :func:`contract`)."""
+
+    name: str
+    case: CaseOptions = field(default_factory=CaseOptions)
+    requires: tuple[Requirement, ...] = ()
+    module: str = ""
+
+
+def contract(name: str, *, case: CaseOptions | None = None, requires: Sequence[Requirement] = ()) -> Callable[[F], F]:
+    """Declare the decorated ``test_<name>`` function as contract ``name``.
+
+    case: the :class:`CaseOptions` its examples are drawn from (``target.draw_case(data)``).
+    requires: :class:`Requirement` s checked, in order, before the first example.
+    The name must match the function (``test_<name>``) and its module (``test_<name>.py``): one
+    module per contract, so ``--contracts=<name>`` and the file a reader opens agree."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"contract name {name!r} must be an identifier, e.g. 'grad_meta'")
+    if case is not None and not isinstance(case, CaseOptions):
+        raise TypeError(f"case={case!r} must be a strategies.cases.CaseOptions")
+    bad = [r for r in requires if not isinstance(r, Requirement)]
+    if bad:
+        raise TypeError(f"requires={bad!r}: each must be a conformance.contracts.Requirement")
+
+    def declare(test: F) -> F:
+        if test.__name__ != f"test_{name}":
+            raise ValueError(f"contract {name!r} is declared on {test.__name__}; name the function test_{name}")
+        module = test.__module__.rsplit(".", 1)[-1]
+        if module != f"test_{name}":
+            raise ValueError(f"contract {name!r} lives in {test.__module__}; put it in conformance/test_{name}.py")
+        info = ContractInfo(name=name, case=case if case is not None else CaseOptions(), requires=tuple(requires), module=test.__module__)
+        setattr(test, CONTRACT_ATTRIBUTE, info)
+        return test
+
+    return declare
+
+
+def contract_of(function: Any) -> ContractInfo | None:
+    """The declaration on a collected test function, or None for any other test."""
+    info = getattr(function, CONTRACT_ATTRIBUTE, None)
+    return info if isinstance(info, ContractInfo) else None
+
+
+def discover() -> dict[str, ContractInfo]:
+    """Every contract of the suite, by name: imports each ``conformance/test_*.py``."""
+    found: dict[str, ContractInfo] = {}
+    for path in sorted(PACKAGE_DIR.glob("test_*.py")):
+        module = importlib.import_module(f"{__package__}.{path.stem}")
+        name = path.stem[len("test_"):]
+        info = contract_of(getattr(module, path.stem, None))
+        if info is None:
+            raise RuntimeError(f"{path} has no @contract({name!r}, ...) test_{name} function")
+        found[info.name] = info
+    return found
+
+
+def float64(why: str) -> Requirement:
+    """float64 among the spec's dtypes (else n/a) and kept by ``--dtypes`` (else not run here)."""
+    return Requirement("float64", lambda target: target.require_float64(why))
+
+
+def _some_dtype(target: Target) -> None:
+    if not target.dtypes():
+        target.not_run_here("every dtype of this spec is excluded by --dtypes")
+
+
+SOME_DTYPE = Requirement("a dtype kept by --dtypes", _some_dtype)

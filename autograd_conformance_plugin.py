@@ -144,6 +144,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
     )
     option(
+        "--compile-backends",
+        "conformance_compile_backends",
+        "comma-separated torch.compile backends the compile contract checks (fullgraph=True): aot_eager "
+        "(the default: AOTAutograd's graphs run eagerly, seconds per Function) and/or inductor (generated "
+        "kernels: a C++ compiler on CPU, ~15 s for the first Function)",
+        metavar="NAMES",
+    )
+    option(
         "--isolate",
         "conformance_isolate",
         "run every contract test in a forked child process, so a Function that exits the process or "

@@ -277,10 +277,10 @@ def _install_failure_stamps() -> None:
         property_.__name__ = property_.__qualname__ = inner.__name__
         return property_
 
-    def draw_case(self: Any, data: Any, **kwargs: Any) -> Any:
+    def draw_case(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         if S.current is not None:
             S.current.examples += 1
-        return original_draw(self, data, **kwargs)
+        return original_draw(self, data, *args, **kwargs)
 
     _patch(Target, "_property", _property)
     _patch(Target, "draw_case", draw_case)

@@ -23,13 +23,16 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["CustomOpAdapter", "FunctionAdapter", "OpAdapter", "adapt", "positional_arity", "uses_setup_context"]
+# torch.library.opcheck's default sub-checks, in the order it runs them.
+OPCHECK_SUB_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+__all__ = ["OPCHECK_SUB_CHECKS", "CustomOpAdapter", "FunctionAdapter", "OpAdapter", "adapt", "positional_arity", "uses_setup_context"]
 
 
 @runtime_checkable
@@ -229,6 +232,18 @@ class CustomOpAdapter:
         else:
             lines = [f"import {self.module}  # registers {self.display_name}"]
         return lines, f"torch.ops.{namespace}.{opname}"
+
+    def opcheck(self, args: Sequence[Any], sub_checks: Sequence[str] = OPCHECK_SUB_CHECKS) -> dict[str, BaseException | None]:
+        """``torch.library.opcheck`` on ``args``: each sub-check's error, or None where it passed."""
+        results = torch.library.opcheck(self.op, tuple(args), test_utils=tuple(sub_checks), raise_exception=False)
+        checked: dict[str, BaseException | None] = {}
+        for name in sub_checks:
+            value = results.get(name)
+            if value == "SUCCESS":
+                checked[name] = None
+            else:
+                checked[name] = value if isinstance(value, BaseException) else RuntimeError(f"opcheck reported {value!r}")
+        return checked
 
     def declares(self, feature: str) -> bool:
         if feature == "jvp":

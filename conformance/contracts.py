@@ -59,19 +59,26 @@ class ContractInfo:
     case: CaseOptions = field(default_factory=CaseOptions)
     requires: tuple[Requirement, ...] = ()
     module: str = ""
+    max_examples: int | None = None  # the contract's own example count (--max-examples overrides it)
 
 
-def contract(name: str, *, case: CaseOptions | None = None, requires: Sequence[Requirement] = ()) -> Callable[[F], F]:
+def contract(
+    name: str, *, case: CaseOptions | None = None, requires: Sequence[Requirement] = (), max_examples: int | None = None
+) -> Callable[[F], F]:
     """Declare the decorated ``test_<name>`` function as contract ``name``.
 
     case: the :class:`CaseOptions` its examples are drawn from (``target.draw_case(data)``).
     requires: :class:`Requirement` s checked, in order, before the first example.
+    max_examples: examples per test for a contract each example of which is costly (compile),
+    instead of the profile's; ``--max-examples`` still overrides it.
     The name must match the function (``test_<name>``) and its module (``test_<name>.py``): one
     module per contract, so ``--contracts=<name>`` and the file a reader opens agree."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"contract name {name!r} must be an identifier, e.g. 'grad_meta'")
     if case is not None and not isinstance(case, CaseOptions):
         raise TypeError(f"case={case!r} must be a strategies.cases.CaseOptions")
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1):
+        raise ValueError(f"max_examples={max_examples!r} must be an int >= 1 (or None for the profile's)")
     bad = [r for r in requires if not isinstance(r, Requirement)]
     if bad:
         raise TypeError(f"requires={bad!r}: each must be a conformance.contracts.Requirement")
@@ -82,7 +89,10 @@ def contract(name: str, *, case: CaseOptions | None = None, requires: Sequence[R
         module = test.__module__.rsplit(".", 1)[-1]
         if module != f"test_{name}":
             raise ValueError(f"contract {name!r} lives in {test.__module__}; put it in conformance/test_{name}.py")
-        info = ContractInfo(name=name, case=case if case is not None else CaseOptions(), requires=tuple(requires), module=test.__module__)
+        info = ContractInfo(
+            name=name, case=case if case is not None else CaseOptions(), requires=tuple(requires),
+            module=test.__module__, max_examples=max_examples,
+        )
         setattr(test, CONTRACT_ATTRIBUTE, info)
         return test
 

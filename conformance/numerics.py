@@ -43,12 +43,14 @@ __all__ = [
     "FLOOR_ULPS",
     "Comparison",
     "Evaluated",
+    "Judged",
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
     "evaluate",
     "evaluate_spec",
     "evaluate_with_terms",
+    "judge_against_truth",
     "multiplier",
     "neighbour",
     "rounding_floor",
@@ -390,3 +392,51 @@ def _index_of_max(values: torch.Tensor) -> tuple[int, ...]:
         index.append(flat % size)
         flat //= size
     return tuple(reversed(index))
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One value a contract compares with the float64 truth: its label (``output[0]``,
+    ``grad['x']``, ``tangent[0]``), which multiplier applies (``"output"``/``"grad"``), the value,
+    the truth, the baseline (the reference in the tested dtype) and where it came from."""
+
+    what: str
+    which: str
+    actual: torch.Tensor
+    truth: torch.Tensor
+    baseline: torch.Tensor
+    where: str
+    terms: torch.Tensor | None = None
+
+
+def judge_against_truth(spec: Spec, dtype: torch.dtype, values: Sequence[Judged]) -> Comparison | None:
+    """The first of ``values`` outside the reference policy (see the module docstring), or None.
+
+    Shapes must match the truth's; the floor's scale is the largest |truth| of all of them (see
+    :func:`compare_budget`). This is the reference contract's rule, for contracts that compare
+    something else than plain eager results with the truth (compiled results, tangents, vmapped
+    outputs, results under autocast)."""
+    floor_at = 0.0
+    for value in values:
+        truth = value.truth.detach().to("cpu", torch.float64)
+        checked = checked_positions(truth, dtype)
+        if bool(checked.any()):
+            floor_at = max(floor_at, float(truth[checked].abs().max()))
+    for value in values:
+        if tuple(value.actual.shape) != tuple(value.truth.shape):
+            return Comparison(
+                f"{value.what}.shape={tuple(value.actual.shape)}, but should be {tuple(value.truth.shape)} like the "
+                f"reference's [{value.where}]",
+                "",
+            )
+        if not value.truth.is_floating_point():
+            if not torch.equal(value.actual.detach().cpu(), value.truth.detach().cpu()):
+                return Comparison(f"{value.what} differs from the reference (not floating point: compared exactly) [{value.where}]", "")
+            continue
+        comparison = compare_budget(
+            value.actual, value.truth, value.baseline, dtype, floor_at=floor_at, terms=value.terms,
+            k=multiplier(spec, dtype, value.which), what=value.what, where=value.where, steps=floor_ulps(spec, dtype),
+        )
+        if comparison is not None:
+            return comparison
+    return None

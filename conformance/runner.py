@@ -49,6 +49,8 @@ from strategies.cases import LAYOUTS, Case, CaseOptions, cases
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
+    "COMPILE_BACKENDS",
+    "DEFAULT_COMPILE_BACKENDS",
     "FAILURE_PROPERTY",
     "FAILURE_REPORT_PROPERTY",
     "NOT_APPLICABLE",
@@ -85,6 +87,10 @@ VARIED_CASES = CaseOptions(
     requires_grad="nonempty", broadcast=True, layouts=LAYOUTS, mask_kinds=MASK_KINDS, grad_output_kinds=GRAD_OUTPUT_KINDS
 )
 
+# torch.compile backends the compile contract knows how to judge (--compile-backends).
+COMPILE_BACKENDS = ("aot_eager", "inductor", "eager")
+DEFAULT_COMPILE_BACKENDS = ("aot_eager",)
+
 PROFILES: dict[str, dict[str, Any]] = {
     # Every profile is seeded per test (see example_seed): same --seed => same examples and
     # verdicts on any machine. database=None everywhere: a failure replayed from one machine's
@@ -105,6 +111,7 @@ class RunOptions:
     dtypes: tuple[torch.dtype, ...] | None = None
     example_timeout: float | None = DEFAULT_EXAMPLE_TIMEOUT  # seconds per example; None: unbounded
     threads: int = SUITE_THREADS  # torch's intra-op threads for every evaluation (--threads)
+    compile_backends: tuple[str, ...] = ("aot_eager",)  # what the compile contract compiles with
 
     def hypothesis_settings(self) -> settings:
         values = dict(PROFILES[self.profile])
@@ -136,6 +143,7 @@ class Target:
     contract: str = ""
     options: RunOptions = field(default_factory=RunOptions)
     case_options: CaseOptions = field(default_factory=CaseOptions)  # the contract's preset
+    contract_examples: int | None = None  # the contract's own example count, unless --max-examples
     nodeid: str = ""
     context: TestContext | None = field(default=None, repr=False)
     user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
@@ -263,6 +271,8 @@ class Target:
             self._require_checked()
             return
         run_settings = self.options.hypothesis_settings()
+        if max_examples is None:
+            max_examples = self.contract_examples
         if max_examples is not None and self.options.max_examples is None:
             run_settings = settings(run_settings, max_examples=max_examples)
         if self.spec.max_examples is not None and self.spec.max_examples < run_settings.max_examples:

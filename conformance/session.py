@@ -29,6 +29,8 @@ from conformance.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashRepor
 from conformance.loader import ImplError, load_impls
 from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
 from conformance.runner import (
+    COMPILE_BACKENDS,
+    DEFAULT_COMPILE_BACKENDS,
     FAILURE_PROPERTY,
     FAILURE_REPORT_PROPERTY,
     NOT_APPLICABLE,
@@ -95,6 +97,7 @@ _VALUE_OPTIONS = (
     ("conformance_dtypes", "--dtypes", "--dtypes=float32,bfloat16", "every dtype the spec lists"),
     ("conformance_contracts", "--contracts", "--contracts=gradcheck,grad_meta", "every contract"),
     ("conformance_skip_contracts", "--skip-contracts", "--skip-contracts=gradgradcheck", "none skipped"),
+    ("conformance_compile_backends", "--compile-backends", "--compile-backends=aot_eager,inductor", "aot_eager"),
     ("conformance_expectations", "--expectations", "--expectations=expectations.json", "no expectations"),
     ("conformance_report", "--conformance-report", "--conformance-report=reports/conformance", "no report"),
 )
@@ -163,7 +166,15 @@ def _read_options(config: pytest.Config) -> tuple[RunOptions, tuple[str, ...]]:
     threads = SUITE_THREADS if threads is None else threads
     if threads < 1:
         raise pytest.UsageError(f"--threads={threads} must be >= 1 (torch intra-op threads per process)")
+    backends = tuple(_list_setting(config, "conformance_compile_backends")) or DEFAULT_COMPILE_BACKENDS
+    unknown_backends = [b for b in backends if b not in COMPILE_BACKENDS]
+    if unknown_backends:
+        raise pytest.UsageError(
+            f"--compile-backends: unknown {unknown_backends}; choose from {', '.join(COMPILE_BACKENDS)}, "
+            "e.g. --compile-backends=aot_eager,inductor"
+        )
     options = RunOptions(
+        compile_backends=tuple(dict.fromkeys(backends)),
         threads=threads,
         profile=profile,
         max_examples=max_examples,
@@ -657,6 +668,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         device=device,
         contract=test.contract.name,
         case_options=test.contract.case,
+        contract_examples=test.contract.max_examples,
         options=options,
         nodeid=node.nodeid,
         user_properties=node.user_properties,

@@ -644,8 +644,10 @@ SavesPromise = Union[str, Callable[[Mapping[str, torch.Tensor]], int]]
 
 # Contracts a spec may waive with a stated reason (register(..., waivers={name: reason})): findings
 # about efficiency, and unwritten_memory for a Function that deliberately returns uninitialised
-# padding (the waiver also turns poisoned allocations off for that Function).
-WAIVABLE = ("unneeded_grads", "unwritten_memory")
+# padding (the waiver also turns poisoned allocations off for that Function), and compile for a
+# Function not meant to be compiled with fullgraph=True (Python loops over data-dependent lengths,
+# torch.autograd.grad inside backward) or hit by a torch.compile bug.
+WAIVABLE = ("unneeded_grads", "unwritten_memory", "compile")
 
 # Default k (error multiplier against the same-dtype reference) and the hard cap on overrides.
 DEFAULT_TOLERANCES = {"output": 2.0, "grad": 3.0}

@@ -18,6 +18,7 @@ from conformance.contracts import Requirement, contract
 from conformance.report import fail
 from conformance.runner import Target
 
+
 def first_line(error: BaseException, limit: int = 300) -> str:
     text = " ".join(str(error).strip().split("\n")[0].split())
     return f"{type(error).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"

@@ -6,8 +6,10 @@ They are the suite's proof that it has no false positives: every contract must p
 """
 
 from reference_ops import (
+    amp,
     attention,
     autograd_features,
+    custom_ops,
     elementwise,
     estimators,
     linalg,
@@ -16,12 +18,15 @@ from reference_ops import (
     normalization,
     reductions,
     rotary,
+    transforms,
     triton,  # Triton kernels; registers nothing when Triton is not installed
 )
 
 __all__ = [
+    "amp",
     "attention",
     "autograd_features",
+    "custom_ops",
     "elementwise",
     "estimators",
     "linalg",
@@ -30,5 +35,6 @@ __all__ = [
     "normalization",
     "reductions",
     "rotary",
+    "transforms",
     "triton",
 ]

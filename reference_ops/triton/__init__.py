@@ -15,10 +15,10 @@ except ImportError:  # the optional extra is not installed: register nothing
     pass
 else:
     # Outside the try: an error in a kernel module itself must fail loudly.
-    from reference_ops.triton import elementwise, norms, softmax
+    from reference_ops.triton import custom_op, elementwise, norms, softmax
     from reference_ops.triton._common import interpreted
 
-    __all__ = ["elementwise", "norms", "softmax"]
+    __all__ = ["custom_op", "elementwise", "norms", "softmax"]
     if not interpreted(softmax._softmax_fwd):
         # Interpreted, flash attention alone takes ~105 s of the default run (measured, 2 cores):
         # there it is checked with --impl=reference_ops.triton.flash_attention (tests do so).

@@ -1,0 +1,184 @@
+"""Contract func: torch.func transforms of the target agree with plain calls and with autograd.
+
+For a Function that declares vmap support (``generate_vmap_rule = True`` or a ``vmap``
+staticmethod; torch.func also needs ``setup_context``):
+
+* ``torch.func.vmap`` over a batch of 2 samples equals calling it on each sample: the batch dim
+  of each floating input is drawn (None -- not batched --, 0, or any other position, at least one
+  input batched), so a rule that assumes the batch dim is first or ignores an unbatched input is
+  seen. Results are judged against the float64 reference per sample under the reference policy.
+* ``torch.func.vjp`` gives the same gradients as ``torch.autograd.grad`` (same policy).
+
+A target that declares no vmap support must refuse ``vmap`` with an error; one whose vmap runs
+anyway (a custom op's batching fallback) is checked like a declared rule. torch.func.vjp through a
+custom op is not checked: torch's generated Function for ``register_autograd`` has no
+setup_context (a torch limitation, measured on 2.13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.contracts import contract
+from conformance.harness import as_tuple, forward_args, random_state
+from conformance.numerics import Evaluated, Judged, evaluate, evaluate_spec, judge_against_truth, strict_float32, upcast
+from conformance.report import fail
+from conformance.runner import Target
+from strategies.cases import Case
+from strategies.recipes import FloatingRecipe
+from strategies.values import distinct_seed
+
+BATCH = 2  # samples per vmapped call
+
+
+def sample(case: Case, index: int) -> Case:
+    """The ``index``-th sample of a batch: the same sizes and kinds, other floating values."""
+    if index == 0:
+        return case
+    recipes = tuple(
+        replace(r, seed=distinct_seed(r.seed + index, "vmap sample")) if isinstance(r, FloatingRecipe) else r
+        for r in case.recipes
+    )
+    return replace(case, recipes=recipes)
+
+
+def _draw_in_dims(data: st.DataObject, case: Case, args: list[Any]) -> list[int | None]:
+    candidates = [i for i, (r, a) in enumerate(zip(case.recipes, args)) if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor)]
+    in_dims: list[int | None] = [None] * len(args)
+    for position in candidates:
+        choices = [None, *range(args[position].dim() + 1)]
+        in_dims[position] = data.draw(st.sampled_from(choices), label=f"vmap in_dim of {case.recipes[position].name}")
+    if candidates and all(in_dims[p] is None for p in candidates):
+        in_dims[candidates[0]] = 0
+    return in_dims
+
+
+def _stack(values: list[Any], dim: int | None) -> Any:
+    return values[0] if dim is None else torch.stack(values, dim=dim)
+
+
+def _per_sample_truth(target: Target, samples: list[Case], args: list[list[Any]], in_dims: list[int | None]) -> tuple[list[Any], list[Any]]:
+    """The reference per sample in float64 (truth) and in the tested dtype (baseline); an
+    unbatched input is sample 0's in every call."""
+    names = [r.name for r in samples[0].recipes]
+    truths, baselines = [], []
+    for index, case in enumerate(samples):
+        sample_args = [args[index][p] if in_dims[p] is not None else args[0][p] for p in range(len(in_dims))]
+        with strict_float32(), random_state(case.spec, case):
+            truths.append(evaluate_spec(target.spec, [upcast(a) for a in sample_args], names, {}, terms=True))
+        with random_state(case.spec, case):
+            baselines.append(evaluate_spec(target.spec, sample_args, names, {}))
+    return truths, baselines
+
+
+def _check_vmap(target: Target, data: st.DataObject, case: Case, *, declared: bool) -> None:
+    spec = target.spec
+    samples = [sample(case, i) for i in range(BATCH)]
+    args = [forward_args(s, s.args(requires_grad=set())) for s in samples]
+    in_dims = _draw_in_dims(data, case, args[0])
+    batched = [_stack([a[p] for a in args], in_dims[p]) for p in range(len(in_dims))]
+    where = f"torch.func.vmap({spec.display_name}, in_dims={tuple(in_dims)}), {str(case.dtype).removeprefix('torch.')}"
+    try:
+        with random_state(spec, case):
+            vmapped = as_tuple(torch.func.vmap(spec.op.call, in_dims=tuple(in_dims))(*batched))
+    except Exception as error:
+        if not declared:
+            target.checked()
+            return
+        fail(
+            f"vmap raised {type(error).__name__}, but {spec.display_name} declares vmap support [{where}]",
+            f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
+        )
+    truths, baselines = _per_sample_truth(target, samples, args, in_dims)
+    values = []
+    for position, got in enumerate(vmapped):
+        if not isinstance(got, torch.Tensor):
+            continue
+        want = [t.outputs[position] for t in truths]
+        base = [b.outputs[position] for b in baselines]
+        if got.dim() == 0 or got.shape[0] != BATCH:
+            fail(f"vmapped output[{position}].shape={tuple(got.shape)}, but should have the batch of {BATCH} first [{where}]")
+        for index in range(BATCH):
+            values.append(Judged(
+                f"output[{position}] of sample {index}", "output", got[index], want[index], base[index], where,
+                truths[index].output_terms.get(position),
+            ))
+    verdict = judge_against_truth(spec, case.dtype, values)
+    if verdict is not None:
+        fail(verdict.summary, verdict.details, "Each sample alone, through the Function, is the reference's; only the vmapped call differs.")
+    target.checked()
+
+
+def _check_vjp(target: Target, case: Case) -> None:
+    spec = target.spec
+    args = case.args()
+    names = [r.name for r in case.recipes]
+    wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not wrt:
+        return
+    with torch.no_grad(), random_state(spec, case):
+        outputs = as_tuple(spec.op.call(*forward_args(case, case.args())))
+    floating = [p for p, o in enumerate(outputs) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    grad_outputs = dict(zip(floating, case.grad_outputs([outputs[p] for p in floating])))
+
+    def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, value in zip(wrt, values):
+            full[position] = value
+        out = as_tuple(spec.op.call(*forward_args(case, full)))
+        return tuple(out[p] for p in floating)
+
+    where = f"torch.func.vjp({spec.display_name}), {str(case.dtype).removeprefix('torch.')}"
+    try:
+        with random_state(spec, case):
+            vjp_fn = torch.func.vjp(of_differentiable, *(args[p].detach() for p in wrt))[1]
+            found = vjp_fn(tuple(grad_outputs[p] for p in floating))
+    except Exception as error:
+        fail(
+            f"torch.func.vjp raised {type(error).__name__}, but {spec.display_name} declares torch.func support [{where}]",
+            f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
+        )
+    with random_state(spec, case):
+        eager = evaluate(lambda *a: spec.op.call(*forward_args(case, a)), case.args(), names, grad_outputs)
+    pristine = case.args()
+    with strict_float32(), random_state(spec, case):
+        truth = evaluate_spec(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
+    with random_state(spec, case):
+        baseline = evaluate_spec(spec, pristine, names, grad_outputs)
+    verdict = judge_against_truth(spec, case.dtype, _grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, where))
+    if verdict is None:
+        return
+    if judge_against_truth(spec, case.dtype, _grads(eager.grads, truth, baseline, pristine, names, where)) is not None:
+        target.not_checked("autograd's own gradients are outside the reference policy on this case: the reference contract's finding")
+        return
+    fail(verdict.summary.replace(" - reference|", " - reference| (torch.autograd.grad is within it)", 1), verdict.details)
+
+
+def _grads(found: dict[str, Any], truth: Evaluated, baseline: Evaluated, args: list[Any], names: list[str], where: str) -> list[Judged]:
+    values = []
+    for name, got in found.items():
+        arg = args[names.index(name)]
+        want, base = truth.grads.get(name), baseline.grads.get(name)
+        values.append(Judged(
+            f"grad[{name!r}]", "grad", torch.zeros_like(arg) if got is None else got,
+            torch.zeros(arg.shape, dtype=torch.float64) if want is None else want,
+            torch.zeros_like(arg) if base is None else base, where, truth.grad_terms.get(name),
+        ))
+    return values
+
+
+def check_func(target: Target, data: st.DataObject) -> None:
+    case = target.draw_case(data)
+    declared = target.spec.op.declares("vmap") and target.spec.op.declares("setup_context")
+    _check_vmap(target, data, case, declared=declared)
+    if declared and target.spec.op.kind == "autograd.Function":
+        _check_vjp(target, case)
+
+
+@contract("func")
+def test_func(conformance_target: Target) -> None:
+    conformance_target.run(check_func)

@@ -98,7 +98,8 @@ def positional_arity(func: Callable[..., Any], *, skip: int) -> tuple[int, float
         signature = inspect.signature(func)
     except (TypeError, ValueError):
         return None
-    required, maximum = 0, 0.0
+    required = 0
+    maximum: float = 0  # math.inf with *args; an int otherwise, shown as such
     for param in list(signature.parameters.values())[skip:]:
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
             maximum = math.inf

@@ -19,7 +19,8 @@ example per test unless ``--max-examples`` is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from hypothesis import strategies as st
 from conformance.adapters import CustomOpAdapter
 from conformance.contracts import Requirement, contract
 from conformance.defects import Blocked, Defect
-from conformance.harness import as_tuple, differentiable_positions, forward_args, random_state
+from conformance.harness import as_tuple, differentiable_positions, forward_args, preflight, random_state
 from conformance.numerics import Evaluated, Judged, evaluate_spec, judge_against_truth, strict_float32, upcast
 from conformance.report import fail
 from conformance.runner import Target
@@ -47,34 +48,55 @@ def compiled_variants(function: Callable[..., Any]) -> int:
     return len(_debug_get_cache_entry_list(function.__code__))
 
 
-def _signature(case: Case) -> tuple[Any, ...]:
-    """What Dynamo specialises on besides the sizes themselves: ranks, size classes (0, 1, >=2;
-    0 and 1 are specialised), which sizes are equal (duck sizing) and the Python values."""
-    shapes = [tuple(r.shape) for r in case.recipes if isinstance(getattr(r, "shape", None), tuple)]
-    flat = [size for shape in shapes for size in shape]
-    equal_to = tuple(flat.index(size) if size >= 2 else -1 for size in flat)
-    values = tuple(repr(r.value) for r in case.recipes if isinstance(r, ScalarRecipe))
-    return tuple(len(s) for s in shapes), tuple(min(x, 2) for x in flat), equal_to, values
+@dataclass(frozen=True)
+class _Call:
+    """What Dynamo guards on in one call: ranks, every size (flattened) and the Python values."""
+
+    ranks: tuple[int, ...]
+    sizes: tuple[int, ...]
+    values: tuple[str, ...]
+
+    @classmethod
+    def of(cls, case: Case) -> _Call:
+        shapes = [tuple(r.shape) for r in case.recipes if isinstance(getattr(r, "shape", None), tuple)]
+        values = tuple(repr(r.value) for r in case.recipes if isinstance(r, ScalarRecipe))
+        return cls(tuple(len(s) for s in shapes), tuple(x for s in shapes for x in s), values)
 
 
-def _new_in(previous: Sequence[Case], case: Case) -> list[str]:
-    """Why ``case`` may compile once more after ``previous``: a new signature (see
-    :func:`_signature`), or a size that changes for the first time (which turns it dynamic)."""
-    if not previous:
-        return ["the first call"]
-    reasons = []
-    if _signature(case) not in {_signature(p) for p in previous}:
-        reasons.append("ranks, sizes 0/1, equal sizes or Python values not seen before")
-    for position, recipe in enumerate(case.recipes):
-        shape = getattr(recipe, "shape", None)
-        if not isinstance(shape, tuple):
-            continue
-        for dim, size in enumerate(shape):
-            seen = {p.recipes[position].shape[dim] for p in previous if len(p.recipes[position].shape) == len(shape)}  # type: ignore[attr-defined]
-            general = {s for s in seen if s >= 2}  # 0 and 1 get specialised graphs of their own
-            if size >= 2 and len(general) == 1 and size not in general:
-                reasons.append(f"{recipe.name}.shape[{dim}] changes for the first time")
-    return reasons
+@dataclass
+class ExpectedRecompiles:
+    """How many graphs a well-behaved Function needs for a sequence of calls, by Dynamo's rules
+    for dynamic shapes, erring towards more: the first graph is static; a size that has changed
+    since the first call becomes dynamic in the next graph; sizes 0 and 1 are specialised;
+    equal sizes share one symbol (duck sizing); any other rank or Python value may compile anew.
+    A call that an earlier graph serves must not compile (a recompile storm)."""
+
+    graphs: list[tuple[_Call, frozenset[int]]] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+
+    def add(self, case: Case) -> bool:
+        """Record a call; whether it may compile a new graph."""
+        call = _Call.of(case)
+        self.calls.append(call)
+        if any(self._serves(graph, dynamic, call) for graph, dynamic in self.graphs):
+            return False
+        same = [c for c in self.calls if c.ranks == call.ranks]
+        changed = frozenset(i for i in range(len(call.sizes)) if len({c.sizes[i] for c in same}) > 1)
+        self.graphs.append((call, changed))
+        return True
+
+    @staticmethod
+    def _serves(graph: _Call, dynamic: frozenset[int], call: _Call) -> bool:
+        if graph.ranks != call.ranks or graph.values != call.values:
+            return False
+        for i, (then, now) in enumerate(zip(graph.sizes, call.sizes)):
+            if i not in dynamic or then < 2:
+                if then != now:
+                    return False
+            elif now < 2:
+                return False
+        duck = [i for i in dynamic if graph.sizes[i] >= 2]
+        return all((graph.sizes[i] == graph.sizes[j]) == (call.sizes[i] == call.sizes[j]) for i in duck for j in duck)
 
 
 def _run(func: Callable[..., Any], case: Case, grad_outputs: dict[int, torch.Tensor] | None) -> tuple[Evaluated, dict[int, torch.Tensor]]:
@@ -196,7 +218,13 @@ def _blocked_by_opcheck(target: Target, case: Case) -> None:
 
 def check_compile(target: Target, data: st.DataObject) -> None:
     first = target.draw_case(data)
-    drawn = [first] + [target.draw_case(data, dtypes=(first.dtype,)) for _ in range(CASES_PER_EXAMPLE - 1)]
+    drawn = [first]
+    for index in range(1, CASES_PER_EXAMPLE):
+        # Later calls draw every dim at least index + 1 long: even the simplest example (all dims
+        # at their minimum) then sees new sizes, which dynamic shapes must absorb.
+        larger = target.case_options.replace(min_size=index + 1, max_size=max(target.case_options.max_size, index + 1))
+        drawn.append(target.draw_case(data, larger, dtypes=(first.dtype,)))
+    preflight(target.contract, first)  # a defect eager already shows is its owner's (blocked by it)
     _blocked_by_opcheck(target, first)
     call = target.spec.op.call
     for backend_name in target.options.compile_backends:
@@ -206,6 +234,7 @@ def check_compile(target: Target, data: st.DataObject) -> None:
             return call(*args)
 
         compiled_call = torch.compile(traced, backend=backend_name, fullgraph=True)
+        expected = ExpectedRecompiles()
         allowed = 0
         for index, case in enumerate(drawn):
             if target.context is not None:
@@ -216,13 +245,13 @@ def check_compile(target: Target, data: st.DataObject) -> None:
             except Exception as error:
                 _trace_failure(target, error, backend_name, case)
                 return
-            allowed += 1 if _new_in(drawn[:index], case) else 0
+            allowed += 1 if expected.add(case) else 0
             variants = compiled_variants(traced)
             if variants > allowed:
                 sizes = "; ".join(c.describe() for c in drawn[: index + 1])
                 fail(
                     f"torch.compile compiled {variants} variants for {index + 1} calls, but should reuse one after "
-                    f"the sizes that change have turned dynamic (call {index + 1} changes nothing new) "
+                    f"the sizes that change have turned dynamic (an earlier graph serves call {index + 1}) "
                     f"[{target.spec.display_name}, backend={backend_name!r}]",
                     f"calls: {sizes}",
                     "A recompile on every new size: the Function branches on a size or a Python number in forward "

@@ -24,7 +24,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.contracts import contract
-from conformance.harness import as_tuple, forward_args, random_state
+from conformance.harness import as_tuple, forward_args, preflight, random_state
 from conformance.numerics import Evaluated, Judged, evaluate, evaluate_spec, judge_against_truth, strict_float32, upcast
 from conformance.report import fail
 from conformance.runner import Target
@@ -173,6 +173,7 @@ def _grads(found: dict[str, Any], truth: Evaluated, baseline: Evaluated, args: l
 
 def check_func(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
+    preflight(target.contract, case)  # a defect eager already shows is its owner's (blocked by it)
     declared = target.spec.op.declares("vmap") and target.spec.op.declares("setup_context")
     _check_vmap(target, data, case, declared=declared)
     if declared and target.spec.op.kind == "autograd.Function":

@@ -32,6 +32,21 @@ try:
 except ImportError:  # torch built without distributed
     pass
 
+
+def _warm_compile() -> None:
+    """Same for torch.compile: its modules register cache artifact types in a process-wide
+    factory when first imported, and a second import after pytester dropped them fails
+    ("Artifact of type=autotune already registered"). One aot_eager compile imports what the
+    compile contract uses; inductor's entry point is imported for --compile-backends=inductor."""
+    import torch._inductor.compile_fx
+
+    compiled = torch.compile(lambda x: (x * 2).sum(), backend="aot_eager", fullgraph=True)
+    compiled(torch.ones(2, requires_grad=True)).backward()
+    torch._dynamo.reset()
+
+
+_warm_compile()
+
 if not torch.cuda.is_available():
     # As the plugin does: triton reads TRITON_INTERPRET when it is imported, not only when
     # kernels are decorated, so choose the interpreter before the import below.
@@ -123,9 +138,10 @@ def run_conformance(
     for report in result.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
         if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
             continue
-        function, _, param = report.nodeid.rpartition("::")[2].partition("[")
-        name, _, device = param.rstrip("]").rpartition("-")
-        contract = function.removeprefix("test_")
+        key = dict(report.user_properties).get("conformance_test")  # (contract, function, device), set at collection
+        if key is None:
+            continue
+        contract, name, device = key
         text = str(report.longrepr) if report.longrepr else ""
         verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties))
     run = ConformanceRun(result, verdicts, pytester.path)

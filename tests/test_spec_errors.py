@@ -111,8 +111,25 @@ def test_kinks_name_a_numeric_scalar() -> None:
 
 
 def test_not_a_function_class() -> None:
-    with pytest.raises(SpecError, match="field 'fn'.*not a torch.autograd.Function subclass"):
-        register(lambda x: x, inputs=[Tensor("x", "n")], reference=lambda x: x, name="lam")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="field 'fn'.*neither a torch.autograd.Function subclass nor a torch.library.custom_op"):
+        register(lambda x: x, inputs=[Tensor("x", "n")], reference=lambda x: x, name="lam")
+
+
+def test_a_custom_op_needs_its_autograd_registered(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    @torch.library.custom_op("conformance_spec_errors::no_autograd", mutates_args=())
+    def no_autograd(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.raises(SpecError, match="field 'fn'.*has no autograd formula: call no_autograd.register_autograd"):
+        register(no_autograd, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, name="no_autograd")
+    no_autograd.register_autograd(lambda ctx, grad: grad * 2)
+    with pytest.raises(SpecError, match="field 'inputs'.*conformance_spec_errors::no_autograd takes 1 arguments, but the spec lists 2"):
+        register(no_autograd, inputs=[Tensor("x", "n"), Tensor("y", "n")], reference=lambda x, y: 2 * x, name="no_autograd")
+    spec_fn = register(no_autograd, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, name="no_autograd")
+    assert spec_fn is no_autograd
+    from conformance.spec import registered_spec
+
+    assert registered_spec("no_autograd").display_name == "conformance_spec_errors::no_autograd"
 
 
 def test_duplicate_name_from_another_function() -> None:

@@ -270,3 +270,70 @@ register(
     reference=lambda x, w: x @ w,
     dtypes=(torch.float64, torch.float32),
 )
+
+
+# --------------------------------------------------------------------------- compile: graph break, recompile storm
+
+
+_SCALE_CACHE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+class CachedRowScale(torch.autograd.Function):
+    """y = x * rsqrt(mean(x**2) + 1) per row, with the row scales cached by the input's storage."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        key = (x.data_ptr(), x._version)  # BUG under compile: fake tensors have no data pointer
+        scale = _SCALE_CACHE.get(key)
+        if scale is None:
+            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1)
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        x, scale = ctx.saved_tensors
+        n = x.shape[-1]
+        return scale * grad_out - x * scale.pow(3) * (grad_out * x).sum(-1, keepdim=True) / n
+
+
+register(
+    CachedRowScale,
+    name="compile_graph_break",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1),
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+
+# Padded block width per row length, precomputed for the sizes a kernel supports.
+_BLOCK = {n: 1 << max(0, (n - 1).bit_length()) for n in range(1, 1025)}
+
+
+class PaddedBlockScale(torch.autograd.Function):
+    """y = x / block(n), with block(n) the padded (power-of-two) width a kernel would launch."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        block = _BLOCK[x.shape[-1]]  # BUG under compile: a lookup keyed by a size guards on that exact size
+        ctx.block = block
+        return x * (1.0 / block)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        return grad_out * (1.0 / ctx.block)
+
+
+def _padded_block_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 / (1 << max(0, (x.shape[-1] - 1).bit_length())))
+
+
+register(
+    PaddedBlockScale,
+    name="compile_recompile_storm",
+    inputs=[Tensor("x", "*batch n")],
+    reference=_padded_block_reference,
+    dtypes=(torch.float64, torch.float32),
+)

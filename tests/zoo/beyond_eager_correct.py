@@ -243,3 +243,63 @@ register(
     reference=lambda x, w: x @ w,
     dtypes=(torch.float64, torch.float32),
 )
+
+
+# --------------------------------------------------------------------------- compile: graph break, recompile storm
+
+
+class RowScale(torch.autograd.Function):
+    """y = x * rsqrt(mean(x**2) + 1) per row; the scale is saved on ctx, never cached globally."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1)
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        x, scale = ctx.saved_tensors
+        n = x.shape[-1]
+        return scale * grad_out - x * scale.pow(3) * (grad_out * x).sum(-1, keepdim=True) / n
+
+
+register(
+    RowScale,
+    name="compile_graph_break_ok",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1),
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+
+class PaddedBlockScaleComputed(torch.autograd.Function):
+    """y = x / block(n), with block(n) the padded width computed as a tensor from the size (no
+    Python lookup keyed by it, so one compiled graph serves every size)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        n = torch.tensor(x.shape[-1], dtype=torch.float64)
+        block = torch.exp2(torch.ceil(torch.log2(n))).to(x.dtype)
+        ctx.save_for_backward(block)
+        return x / block
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        (block,) = ctx.saved_tensors
+        return grad_out / block
+
+
+def _padded_block_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 / (1 << max(0, (x.shape[-1] - 1).bit_length())))
+
+
+register(
+    PaddedBlockScaleComputed,
+    name="compile_recompile_storm_ok",
+    inputs=[Tensor("x", "*batch n")],
+    reference=_padded_block_reference,
+    dtypes=(torch.float64, torch.float32),
+)

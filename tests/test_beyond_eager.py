@@ -1,0 +1,136 @@
+"""Beyond eager autograd: each new contract (opcheck, compile, forward_ad, func, autocast) catches
+its zoo bug and only that, its correct twin passes everything, custom ops are first-class targets
+(every applicable contract runs on them), and the new reference ops pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ZOO
+
+# Each zoo bug, the contracts it may fail (the first is its owner), and a contract that must pass
+# on it because it cannot see the defect.
+BUGS = {
+    "custom_op_fake_wrong_shape": ({"opcheck"}, "reference"),
+    "custom_op_backward_wrong": ({"reference", "gradcheck", "gradgradcheck"}, "opcheck"),
+    "compile_only_bug": ({"compile"}, "gradcheck"),
+    "compile_graph_break": ({"compile"}, "reference"),
+    "compile_recompile_storm": ({"compile"}, "reference"),
+    "wrong_jvp": ({"forward_ad"}, "gradcheck"),
+    "wrong_vmap_rule": ({"func"}, "gradcheck"),
+    "autocast_dtype_grads": ({"autocast"}, "grad_meta"),
+}
+OWNERS = {
+    "custom_op_fake_wrong_shape": "opcheck",
+    "custom_op_backward_wrong": "reference",
+    "compile_only_bug": "compile",
+    "compile_graph_break": "compile",
+    "compile_recompile_storm": "compile",
+    "wrong_jvp": "forward_ad",
+    "wrong_vmap_rule": "func",
+    "autocast_dtype_grads": "autocast",
+}
+NEW_REFERENCE_OPS = (
+    "custom_softplus", "custom_rms_norm", "custom_swiglu", "triton_custom_swiglu",
+    "silu_jvp", "softcap", "bias_softmax", "autocast_linear", "autocast_fp32_softmax",
+)
+
+
+@pytest.fixture
+def bugs(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "beyond_eager_bugs.py", max_examples=10)
+
+
+@pytest.fixture
+def twins(conformance_run):  # type: ignore[no-untyped-def]
+    return conformance_run(ZOO / "beyond_eager_correct.py", max_examples=10)
+
+
+@pytest.mark.parametrize("name", sorted(BUGS))
+def test_each_bug_fails_only_the_contracts_that_own_it(bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    allowed, blind = BUGS[name]
+    failed = {c for (c, fn, _), v in bugs.verdicts.items() if fn == name and v.outcome == "failed"}
+    assert OWNERS[name] in failed, (name, failed)
+    assert failed <= allowed, (name, failed)
+    for (contract, fn, _), verdict in bugs.verdicts.items():
+        if fn == name and verdict.outcome == "skipped" and "blocked by" in verdict.text:
+            assert any(f"blocked by {owner}" in verdict.text for owner in failed), (contract, verdict.text)
+    bugs.passed(blind, name)
+
+
+def test_every_twin_passes_every_contract(twins) -> None:  # type: ignore[no-untyped-def]
+    assert twins.names() == {f"{name}_ok" for name in BUGS}
+    failures = {key: v.text[-1500:] for key, v in twins.verdicts.items() if v.outcome == "failed"}
+    assert not failures, failures
+    for name in BUGS:
+        twins.passed(OWNERS[name], f"{name}_ok")
+
+
+def test_opcheck_names_the_failing_sub_check(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("opcheck", "custom_op_fake_wrong_shape")
+    assert "test_faketensor failed" in text and "MetadataMismatchError" in text
+    assert "test_schema: passed" in text and "test_faketensor: FAILED" in text
+    blocked = bugs.verdict("compile", "custom_op_fake_wrong_shape")
+    assert blocked.outcome == "skipped" and "blocked by opcheck" in blocked.text
+
+
+def test_compile_reports_wrong_values_graph_breaks_and_recompile_storms(bugs) -> None:  # type: ignore[no-untyped-def]
+    wrong = bugs.failed("compile", "compile_only_bug")
+    assert "(eager is within it)" in wrong and "backend='aot_eager'" in wrong and "grad['x']" in wrong
+    graph_break = bugs.failed("compile", "compile_graph_break")
+    assert "but eager runs this case" in graph_break and "data pointer" in graph_break
+    storm = bugs.failed("compile", "compile_recompile_storm")
+    assert "compiled 3 variants for 3 calls" in storm and "TORCH_LOGS=recompiles" in storm
+
+
+def test_forward_ad_func_and_autocast_messages_name_the_transform(bugs) -> None:  # type: ignore[no-untyped-def]
+    assert "jvp" in bugs.failed("forward_ad", "wrong_jvp")
+    assert "torch.func.vmap(SoftmaxVmapIgnoresInDims, in_dims=" in bugs.failed("func", "wrong_vmap_rule")
+    autocast = bugs.failed("autocast", "autocast_dtype_grads")
+    assert "dtype=bfloat16 as backward returned it, but should be float32" in autocast
+
+
+def test_forward_ad_in_lower_precision_goes_through_the_reference_policy(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "beyond_eager_bugs.py", "--dtypes=float32", contracts=("forward_ad",), max_examples=10)
+    text = run.failed("forward_ad", "wrong_jvp")
+    assert "max|tangent[" in text and "reference's own error in float32" in text
+
+
+def test_contracts_that_do_not_apply_say_why(bugs) -> None:  # type: ignore[no-untyped-def]
+    custom_op = bugs.verdict("forward_ad", "custom_op_backward_wrong")
+    assert custom_op.outcome == "skipped" and "no forward-mode AD registration" in custom_op.text
+    function = bugs.verdict("opcheck", "wrong_jvp")
+    assert function.outcome == "skipped" and "is an autograd.Function" in function.text
+    no_autocast = bugs.verdict("autocast", "wrong_jvp")
+    assert no_autocast.outcome == "skipped" and "custom_fwd" in no_autocast.text
+
+
+def test_custom_ops_run_every_applicable_existing_contract(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops", "-k", "custom_", max_examples=5)
+    for contract in ("return_count", "grad_meta", "needs_input_grad", "reference", "gradcheck", "layouts",
+                     "inplace", "stability", "saved_tensors", "determinism", "opcheck", "compile", "func"):
+        run.passed(contract, "custom_softplus")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_new_reference_ops_pass_on_several_seeds(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run("reference_ops", f"--seed={seed}", "-k", " or ".join(NEW_REFERENCE_OPS), max_examples=8)
+    assert set(NEW_REFERENCE_OPS) <= run.names()
+    failures = {key: v.text[-1500:] for key, v in run.verdicts.items() if v.outcome == "failed"}
+    assert not failures, failures
+    for name in ("silu_jvp", "softcap", "bias_softmax"):
+        run.passed("forward_ad", name)
+        run.passed("func", name)
+    for name in ("autocast_linear", "autocast_fp32_softmax"):
+        run.passed("autocast", name)
+    for name in ("custom_softplus", "custom_rms_norm", "custom_swiglu", "triton_custom_swiglu"):
+        run.passed("opcheck", name)
+        run.passed("compile", name)
+
+
+def test_inductor_is_opt_in(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "beyond_eager_correct.py", "--compile-backends=inductor", "-k", "compile_only_bug_ok",
+                          contracts=("compile",), max_examples=1)
+    run.passed("compile", "compile_only_bug_ok")
+    bad = conformance_run(ZOO / "beyond_eager_correct.py", "--compile-backends=tvm", contracts=("compile",), cache=False)
+    assert "--compile-backends: unknown ['tvm']" in str(bad.result.stderr) + str(bad.result.stdout)

@@ -120,4 +120,7 @@ def test_a_third_party_kernel_package_runs_unedited_on_cpu(tmp_path) -> None:  #
     for name in names:
         for contract in ("reference", "layouts", "unwritten_memory", "out_of_bounds", "needs_input_grad"):
             assert results[(contract, name)]["outcome"] == "passed", (contract, name, results[(contract, name)]["reason"])
-    assert data["totals"]["not_run_here"] == 0  # bfloat16 is left out of the draws, not skipped per test
+    # bfloat16 is left out of the draws, not skipped per test; only compile is not run here (Dynamo
+    # traces Triton kernels with fake tensors, which the interpreter cannot launch).
+    not_run = {(r["contract"], r["function"]) for r in data["results"] if r["outcome"] == "not_run_here"}
+    assert not_run == {("compile", name) for name in names}, not_run

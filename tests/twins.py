@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from conformance.adapters import FunctionAdapter
 from conformance.spec import Spec
 
 
@@ -68,4 +69,7 @@ def reference_twin(spec: Spec) -> type[torch.autograd.Function]:
 
 
 def with_twin(spec: Spec) -> Spec:
-    return dataclasses.replace(spec, fn=reference_twin(spec))
+    twin = reference_twin(spec)
+    # The adapter too: contracts that call the target as users do (compile, forward_ad, func) go
+    # through spec.op, which must be the twin's.
+    return dataclasses.replace(spec, fn=twin, op=FunctionAdapter(twin))

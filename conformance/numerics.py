@@ -51,6 +51,7 @@ __all__ = [
     "evaluate_spec",
     "evaluate_with_terms",
     "judge_against_truth",
+    "judged_grads",
     "multiplier",
     "neighbour",
     "rounding_floor",
@@ -440,3 +441,21 @@ def judge_against_truth(spec: Spec, dtype: torch.dtype, values: Sequence[Judged]
         if comparison is not None:
             return comparison
     return None
+
+
+def judged_grads(
+    found: Mapping[str, torch.Tensor | None], truth: Evaluated, baseline: Evaluated, args: Sequence[Any],
+    names: Sequence[str], where: Callable[[str], str],
+) -> list[Judged]:
+    """Each gradient in ``found`` against the truth's and the baseline's; a missing gradient (the
+    Function's, the reference's or the baseline's) is zero, as the reference contract counts it."""
+    values = []
+    for name, got in found.items():
+        arg = args[list(names).index(name)]
+        want, base = truth.grads.get(name), baseline.grads.get(name)
+        values.append(Judged(
+            f"grad[{name!r}]", "grad", torch.zeros_like(arg) if got is None else got,
+            torch.zeros(arg.shape, dtype=torch.float64) if want is None else want,
+            torch.zeros_like(arg) if base is None else base, where(name), truth.grad_terms.get(name),
+        ))
+    return values

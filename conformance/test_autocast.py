@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from conformance.contracts import Requirement, contract
 from conformance.harness import as_tuple, differentiable_positions, forward_args, random_state
-from conformance.numerics import Evaluated, Judged, evaluate, judge_against_truth, strict_float32, upcast
+from conformance.numerics import Evaluated, Judged, evaluate, judge_against_truth, judged_grads, strict_float32, upcast
 from conformance.probe import probe
 from conformance.report import describe_value, fail
 from conformance.runner import Target
@@ -145,14 +145,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
         for p, o in enumerate(outputs)
         if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
     ]
-    for name, got in grads.items():
-        arg = pristine[names.index(name)]
-        want, base = truth.grads.get(name), baseline.grads.get(name)
-        values.append(Judged(
-            f"grad[{name!r}]", "grad", torch.zeros_like(arg) if got is None else got,
-            torch.zeros(arg.shape, dtype=torch.float64) if want is None else want,
-            torch.zeros_like(arg) if base is None else base, where,
-        ))
+    values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
     verdict = judge_against_truth(spec, low, values)
     if verdict is not None:
         fail(verdict.summary, verdict.details, "Budget: the reference's own error under the same autocast.")

@@ -30,7 +30,15 @@ from conformance.adapters import CustomOpAdapter
 from conformance.contracts import Requirement, contract
 from conformance.defects import Blocked, Defect
 from conformance.harness import as_tuple, differentiable_positions, forward_args, preflight, random_state
-from conformance.numerics import Evaluated, Judged, evaluate_spec, judge_against_truth, strict_float32, upcast
+from conformance.numerics import (
+    Evaluated,
+    Judged,
+    evaluate_spec,
+    judge_against_truth,
+    judged_grads,
+    strict_float32,
+    upcast,
+)
 from conformance.report import fail
 from conformance.runner import Target
 from conformance.triton_interpreter import interpreting, uses_triton
@@ -138,15 +146,7 @@ def _judged(results: Evaluated, truth: Evaluated, baseline: Evaluated, where: st
     for position, (got, want, base) in enumerate(zip(results.outputs, truth.outputs, baseline.outputs)):
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and isinstance(base, torch.Tensor):
             values.append(Judged(f"output[{position}]", "output", got, want, base, f"{where}, forward", truth.output_terms.get(position)))
-    for name, got in results.grads.items():
-        arg = args[names.index(name)]
-        want = truth.grads.get(name)
-        base = baseline.grads.get(name)
-        values.append(Judged(
-            f"grad[{name!r}]", "grad", torch.zeros_like(arg) if got is None else got,
-            torch.zeros(arg.shape, dtype=torch.float64) if want is None else want,
-            torch.zeros_like(arg) if base is None else base, f"{where}, backward, input {name!r}", truth.grad_terms.get(name),
-        ))
+    values += judged_grads(results.grads, truth, baseline, args, names, lambda name: f"{where}, backward, input {name!r}")
     return values
 
 

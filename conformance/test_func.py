@@ -25,7 +25,15 @@ from hypothesis import strategies as st
 
 from conformance.contracts import contract
 from conformance.harness import as_tuple, forward_args, preflight, random_state
-from conformance.numerics import Evaluated, Judged, evaluate, evaluate_spec, judge_against_truth, strict_float32, upcast
+from conformance.numerics import (
+    Judged,
+    evaluate,
+    evaluate_spec,
+    judge_against_truth,
+    judged_grads,
+    strict_float32,
+    upcast,
+)
 from conformance.report import fail
 from conformance.runner import Target
 from strategies.cases import Case
@@ -149,26 +157,13 @@ def _check_vjp(target: Target, case: Case) -> None:
         truth = evaluate_spec(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
     with random_state(spec, case):
         baseline = evaluate_spec(spec, pristine, names, grad_outputs)
-    verdict = judge_against_truth(spec, case.dtype, _grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, where))
+    verdict = judge_against_truth(spec, case.dtype, judged_grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, lambda _: where))
     if verdict is None:
         return
-    if judge_against_truth(spec, case.dtype, _grads(eager.grads, truth, baseline, pristine, names, where)) is not None:
+    if judge_against_truth(spec, case.dtype, judged_grads(eager.grads, truth, baseline, pristine, names, lambda _: where)) is not None:
         target.not_checked("autograd's own gradients are outside the reference policy on this case: the reference contract's finding")
         return
     fail(verdict.summary.replace(" - reference|", " - reference| (torch.autograd.grad is within it)", 1), verdict.details)
-
-
-def _grads(found: dict[str, Any], truth: Evaluated, baseline: Evaluated, args: list[Any], names: list[str], where: str) -> list[Judged]:
-    values = []
-    for name, got in found.items():
-        arg = args[names.index(name)]
-        want, base = truth.grads.get(name), baseline.grads.get(name)
-        values.append(Judged(
-            f"grad[{name!r}]", "grad", torch.zeros_like(arg) if got is None else got,
-            torch.zeros(arg.shape, dtype=torch.float64) if want is None else want,
-            torch.zeros_like(arg) if base is None else base, where, truth.grad_terms.get(name),
-        ))
-    return values
 
 
 def check_func(target: Target, data: st.DataObject) -> None:

@@ -32,7 +32,10 @@ import torch
 # torch.library.opcheck's default sub-checks, in the order it runs them.
 OPCHECK_SUB_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
-__all__ = ["OPCHECK_SUB_CHECKS", "CustomOpAdapter", "FunctionAdapter", "OpAdapter", "adapt", "positional_arity", "uses_setup_context"]
+__all__ = [
+    "OPCHECK_SUB_CHECKS", "CustomOpAdapter", "FunctionAdapter", "OpAdapter", "adapt", "declares_jvp", "positional_arity",
+    "uses_setup_context",
+]
 
 
 @runtime_checkable
@@ -151,12 +154,17 @@ class FunctionAdapter:
         fn = self.function
         base = torch.autograd.Function
         if feature == "jvp":
-            return getattr(fn, "jvp", base.jvp) is not base.jvp
+            return declares_jvp(fn)
         if feature == "vmap":
             return bool(getattr(fn, "generate_vmap_rule", False)) or getattr(fn, "vmap", base.vmap) is not base.vmap
         if feature == "setup_context":
             return uses_setup_context(fn)
         raise ValueError(f"unknown feature {feature!r}; choose from 'jvp', 'vmap', 'setup_context'")
+
+
+def declares_jvp(fn: type[torch.autograd.Function]) -> bool:
+    """Whether ``fn`` defines its own ``jvp`` staticmethod (forward-mode AD)."""
+    return getattr(fn, "jvp", torch.autograd.Function.jvp) is not torch.autograd.Function.jvp
 
 
 def _own_methods(fn: type) -> set[str]:

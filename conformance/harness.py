@@ -13,7 +13,15 @@ import torch
 
 from conformance.defects import ForwardError, require_sound
 from conformance.global_state import RngStates, kept_flags, rng_states, set_rng_states
-from conformance.memory import MARGIN, AllocationPolicy, Unwritten, padded_copy, poison_candidates, unwritten_elements
+from conformance.memory import (
+    MARGIN,
+    AllocationPolicy,
+    Allocations,
+    Unwritten,
+    padded_copy,
+    poison_candidates,
+    unwritten_elements,
+)
 from conformance.probe import Recorder, probe
 from strategies.cases import Case
 
@@ -109,6 +117,14 @@ def allocation_policy(spec: Spec) -> AllocationPolicy:
     """What every evaluation does to the Function's own uninitialised allocations: canary
     margins always; poisoned unless the spec waives unwritten_memory (then left unfilled)."""
     return AllocationPolicy(None if UNWRITTEN_CONTRACT in spec.waivers else "poison", MARGIN)
+
+
+def user_allocations(spec: Spec) -> Allocations:
+    """The allocation policy of every evaluation, as a context for contracts that call the target
+    themselves, as its users do (forward AD, torch.func): a store past the end of a buffer lands
+    in a canary margin instead of corrupting the process (out_of_bounds reports it, through the
+    probe; these canaries are not kept), and what is never written stays poisoned."""
+    return Allocations(dataclasses.replace(allocation_policy(spec), keep_canaries=False), phase="the Function")
 
 
 def execute(

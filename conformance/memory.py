@@ -159,6 +159,8 @@ def _marginable(tensor: torch.Tensor) -> bool:
     return (
         tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_nested
         and not tensor.is_meta and tensor.numel() > 0
+        # A torch.func wrapper (vmap's batched tensor) has no storage of its own to extend.
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
     )
 
 

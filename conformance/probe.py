@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from conformance.adapters import declares_jvp
 from conformance.memory import AllocationPolicy, Allocations, CanaryBuffer
 
 __all__ = ["BackwardCall", "Recorder", "guarded", "probe", "tensors_in", "user_backward_name"]
@@ -94,14 +95,15 @@ def _subclass(fn: type[torch.autograd.Function], methods: dict[str, Any]) -> typ
 
 
 def _under_allocations(
-    user_forward: Any, allocations: AllocationPolicy, done: Callable[[Allocations], None] | None = None
+    user_forward: Any, allocations: AllocationPolicy, done: Callable[[Allocations], None] | None = None, *, phase: str = "forward"
 ) -> Any:
-    """``user_forward`` run under :class:`Allocations` (``done(mode)`` afterwards). It keeps the
-    user's signature: ``Function.apply`` fills in a setup_context-style forward's defaults from it."""
+    """``user_forward`` (or ``jvp``) run under :class:`Allocations` (``done(mode)`` afterwards). It
+    keeps the user's signature: ``Function.apply`` fills in a setup_context-style forward's
+    defaults from it."""
 
     @functools.wraps(user_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        mode = Allocations(allocations, phase="forward")
+        mode = Allocations(allocations, phase=phase)
         try:
             with mode:
                 return user_forward(*args, **kwargs)
@@ -124,7 +126,10 @@ def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy) ->
         with Allocations(unkept, phase=method):
             return user_backward(ctx, *grad_outputs)
 
-    return _subclass(fn, {"forward": _under_allocations(fn.forward, unkept), method: backward})
+    methods = {"forward": _under_allocations(fn.forward, unkept), method: backward}
+    if declares_jvp(fn):
+        methods["jvp"] = _under_allocations(fn.jvp, unkept, phase="jvp")
+    return _subclass(fn, methods)
 
 
 def probe(
@@ -194,5 +199,7 @@ def probe(
     methods: dict[str, Any] = {method: recording_backward}
     if allocations is not None:
         methods["forward"] = _under_allocations(fn.forward, allocations, record)
+        if declares_jvp(fn):
+            methods["jvp"] = _under_allocations(fn.jvp, allocations, record, phase="jvp")
     probed = _subclass(fn, methods)
     return probed, recorder

@@ -29,7 +29,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.contracts import Requirement, contract
-from conformance.harness import as_tuple, differentiable_positions, forward_args, random_state
+from conformance.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, random_state
 from conformance.numerics import Evaluated, Judged, evaluate, judge_against_truth, judged_grads, strict_float32, upcast
 from conformance.probe import probe
 from conformance.report import describe_value, fail
@@ -97,7 +97,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     args = build(case)
     given = ", ".join(f"{names[p]}: {str(args[p].dtype).removeprefix('torch.')}" for p in floating) or "no floating inputs"
     where = f"{spec.display_name} under torch.autocast({device!r}, dtype={low_name}), inputs {given}"
-    probed, recorder = probe(spec.fn)
+    probed, recorder = probe(spec.fn, allocations=allocation_policy(spec))
     with random_state(spec, case), torch.autocast(device_type=device, dtype=low):
         try:
             outputs = as_tuple(probed.apply(*forward_args(case, args)))

@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.contracts import Requirement, contract
-from conformance.harness import FD_EPS, FD_SPACING, as_tuple, forward_args, function_of_tensors, preflight, random_state
+from conformance.harness import (
+    FD_EPS,
+    FD_SPACING,
+    as_tuple,
+    forward_args,
+    function_of_tensors,
+    preflight,
+    random_state,
+    user_allocations,
+)
 from conformance.numerics import Judged, judge_against_truth, strict_float32, upcast
 from conformance.report import fail
 from conformance.runner import Target
@@ -52,7 +61,8 @@ def forward_mode(call: Any, case: Case, args: list[Any], tangents: dict[int, tor
     """Primal outputs and their tangents (None: none came back) of ``call`` on dual inputs."""
     with fwAD.dual_level(), random_state(case.spec, case):
         duals = [fwAD.make_dual(a, tangents[i]) if i in tangents else a for i, a in enumerate(args)]
-        outputs = as_tuple(call(*forward_args(case, duals)))
+        with user_allocations(case.spec):
+            outputs = as_tuple(call(*forward_args(case, duals)))
         unpacked = [fwAD.unpack_dual(o) if isinstance(o, torch.Tensor) else None for o in outputs]
         primals = tuple(u.primal.detach().clone() if u is not None else o for u, o in zip(unpacked, outputs))
         found = [u.tangent.detach().clone() if u is not None and u.tangent is not None else None for u in unpacked]

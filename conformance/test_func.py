@@ -24,7 +24,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.contracts import contract
-from conformance.harness import as_tuple, forward_args, preflight, random_state
+from conformance.harness import as_tuple, forward_args, preflight, random_state, user_allocations
 from conformance.numerics import (
     Judged,
     evaluate,
@@ -91,7 +91,7 @@ def _check_vmap(target: Target, data: st.DataObject, case: Case, *, declared: bo
     batched = [_stack([a[p] for a in args], in_dims[p]) for p in range(len(in_dims))]
     where = f"torch.func.vmap({spec.display_name}, in_dims={tuple(in_dims)}), {str(case.dtype).removeprefix('torch.')}"
     try:
-        with random_state(spec, case):
+        with random_state(spec, case), user_allocations(spec):
             vmapped = as_tuple(torch.func.vmap(spec.op.call, in_dims=tuple(in_dims))(*batched))
     except Exception as error:
         if not declared:
@@ -128,7 +128,7 @@ def _check_vjp(target: Target, case: Case) -> None:
     wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not wrt:
         return
-    with torch.no_grad(), random_state(spec, case):
+    with torch.no_grad(), random_state(spec, case), user_allocations(spec):
         outputs = as_tuple(spec.op.call(*forward_args(case, case.args())))
     floating = [p for p, o in enumerate(outputs) if isinstance(o, torch.Tensor) and o.is_floating_point()]
     grad_outputs = dict(zip(floating, case.grad_outputs([outputs[p] for p in floating])))
@@ -142,7 +142,7 @@ def _check_vjp(target: Target, case: Case) -> None:
 
     where = f"torch.func.vjp({spec.display_name}), {str(case.dtype).removeprefix('torch.')}"
     try:
-        with random_state(spec, case):
+        with random_state(spec, case), user_allocations(spec):
             vjp_fn = torch.func.vjp(of_differentiable, *(args[p].detach() for p in wrt))[1]
             found = vjp_fn(tuple(grad_outputs[p] for p in floating))
     except Exception as error:
@@ -150,7 +150,7 @@ def _check_vjp(target: Target, case: Case) -> None:
             f"torch.func.vjp raised {type(error).__name__}, but {spec.display_name} declares torch.func support [{where}]",
             f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
         )
-    with random_state(spec, case):
+    with random_state(spec, case), user_allocations(spec):
         eager = evaluate(lambda *a: spec.op.call(*forward_args(case, a)), case.args(), names, grad_outputs)
     pristine = case.args()
     with strict_float32(), random_state(spec, case):

@@ -173,6 +173,7 @@ for _fn, _name in ((VarlenEmptySequenceBug, "varlen_empty_sequence_bug"), (Varle
         dtypes=ALL_FLOATS,
         double_backward=False,
         saves=lambda t: t["q"][..., 0].numel() * _upcast(t["q"][:1, :1, :1]).element_size(),  # the twin's promise
+        waivers={"compile": "loops in Python over sequence lengths read from cu_seqlens (data-dependent control flow)"},
     )
 
 

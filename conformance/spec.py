@@ -589,7 +589,8 @@ class Spec:
     op: OpAdapter = field(default=None, repr=False)  # type: ignore[assignment]  # set by register()
 
     def __post_init__(self) -> None:
-        if self.op is None:
+        # Also when ``dataclasses.replace(spec, fn=other)`` carries the old Function's adapter over.
+        if self.op is None or (isinstance(self.op, FunctionAdapter) and self.op.function is not self.fn):
             object.__setattr__(self, "op", FunctionAdapter(self.fn))
 
     @property

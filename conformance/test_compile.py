@@ -254,8 +254,10 @@ def check_compile(target: Target, data: st.DataObject) -> None:
                     f"the sizes that change have turned dynamic (an earlier graph serves call {index + 1}) "
                     f"[{target.spec.display_name}, backend={backend_name!r}]",
                     f"calls: {sizes}",
-                    "A recompile on every new size: the Function branches on a size or a Python number in forward "
-                    "(guards on it). Rerun with TORCH_LOGS=recompiles to see the failing guard.",
+                    "A recompile on every new size: the Function branches on a size or a Python number in forward, "
+                    "or loops over a size in Python (range(0, n, BLOCK)), so Dynamo guards on it. Rerun with "
+                    "TORCH_LOGS=recompiles to see the failing guard; where that is by design, waive it with "
+                    "register(..., waivers={'compile': 'why'}).",
                 )
             _compare(target, case, eager, compiled, grad_outputs, f"{target.spec.display_name}, backend={backend_name!r}")
     target.checked()

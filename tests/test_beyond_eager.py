@@ -134,3 +134,35 @@ def test_inductor_is_opt_in(conformance_run) -> None:  # type: ignore[no-untyped
     run.passed("compile", "compile_only_bug_ok")
     bad = conformance_run(ZOO / "beyond_eager_correct.py", "--compile-backends=tvm", contracts=("compile",), cache=False)
     assert "--compile-backends: unknown ['tvm']" in str(bad.result.stderr) + str(bad.result.stdout)
+
+
+def test_a_spec_whose_function_is_replaced_calls_the_new_one() -> None:
+    """``dataclasses.replace(spec, fn=other)`` copies the old adapter along; the spec rebuilds it, so
+    contracts that call the target as users do (``spec.op.call``) never run the replaced Function."""
+    import dataclasses
+
+    import torch
+
+    from conformance.spec import Spec
+
+    class PlusOne(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return x + 1
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            return g
+
+    class PlusTwo(PlusOne):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return x + 2
+
+    spec = Spec(
+        fn=PlusOne, name="plus_one", inputs=(), reference=lambda x: x + 1, dtypes=(torch.float64,), devices=("cpu",),
+        double_backward=False, surrogate=None, mutates=(), nondeterministic=False,
+    )
+    replaced = dataclasses.replace(spec, fn=PlusTwo)
+    assert replaced.op.call(torch.zeros(1)).item() == 2.0, "the replaced spec still calls PlusOne"
+    assert spec.op.call(torch.zeros(1)).item() == 1.0

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 
 __all__ = [
     "check_device",
@@ -23,7 +24,16 @@ __all__ = [
     "kernel_dtypes",
     "launch_grid",
     "next_power_of_2",
+    "stable_sigmoid",
 ]
+
+
+@triton.jit
+def stable_sigmoid(z):
+    """sigmoid(z) from exp of a non-positive number only: no overflow for any |z|
+    (``1 / (1 + exp(-z))`` overflows for large negative z)."""
+    e = tl.exp(-tl.abs(z))
+    return tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def interpreted(kernel: Any) -> bool:

@@ -22,18 +22,12 @@ from reference_ops.triton._common import (
     kernel_devices,
     kernel_dtypes,
     launch_grid,
+    stable_sigmoid,
 )
 
 __all__ = ["BLOCK", "TritonGated", "triton_gated"]
 
 BLOCK = 128  # elements per program; the interpreter pays per program, so not too small
-
-
-@triton.jit
-def _sigmoid(z):
-    # exp of a non-positive number only: no overflow for any |z| (1 / (1 + exp(-z)) overflows).
-    e = tl.exp(-tl.abs(z))
-    return tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 @triton.jit
@@ -45,7 +39,7 @@ def _gated_fwd(x_ptr, gate_ptr, y_ptr, numel, BLOCK: tl.constexpr, IS_F64: tl.co
     if not IS_F64:
         x = x.to(tl.float32)
         gate = gate.to(tl.float32)
-    y = x * _sigmoid(gate)
+    y = x * stable_sigmoid(gate)
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -60,7 +54,7 @@ def _gated_bwd(x_ptr, gate_ptr, g_ptr, dx_ptr, dgate_ptr, numel, BLOCK: tl.const
         x = x.to(tl.float32)
         gate = gate.to(tl.float32)
         g = g.to(tl.float32)
-    s = _sigmoid(gate)
+    s = stable_sigmoid(gate)
     tl.store(dx_ptr + offsets, (g * s).to(dx_ptr.dtype.element_ty), mask=mask)
     # x * s * (1 - s) first: s (1 - s) <= 1/4 keeps it in range wherever x is.
     tl.store(dgate_ptr + offsets, (g * (x * s * (1.0 - s))).to(dgate_ptr.dtype.element_ty), mask=mask)

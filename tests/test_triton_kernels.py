@@ -28,6 +28,13 @@ TRITON_REFERENCE = (
 # n/a: single-output Functions (undefined_grads), CPU ids (devices), a single differentiable
 # input, where no gradient can be unneeded (unneeded_grads).
 MAY_SKIP = ("undefined_grads", "devices", "unneeded_grads")
+# Contracts that do not apply to these Functions, by what their reason must say: none is a custom
+# op, none declares autocast; compile is checked natively only (Dynamo launches kernels on fakes).
+NOT_THEIRS = {
+    "opcheck": ("not_applicable", "is an autograd.Function"),
+    "autocast": ("not_applicable", "is not decorated with torch.amp.custom_fwd"),
+    "compile": ("not_run_here", "Dynamo traces Triton kernels with fake tensors"),
+}
 BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
 
 
@@ -100,7 +107,11 @@ def test_triton_reference_ops_pass_every_contract(device: str, tmp_path, seed: i
             if cell["contract"] == "unneeded_grads" and cell["outcome"] != "passed":
                 assert "is the only differentiable input" in cell["reason"], where
             continue
-        assert cell["outcome"] == "passed", where
+        if cell["contract"] in NOT_THEIRS and (cell["contract"] != "compile" or device == "cpu"):
+            outcome, reason = NOT_THEIRS[cell["contract"]]
+            assert cell["outcome"] == outcome and reason in cell["reason"], where
+            continue
+        assert cell["outcome"] == "passed", where  # forward_ad (no jvp: must raise) and func (vmap must raise) too
     assert seen == set(TRITON_REFERENCE), done.stdout[-3000:]
     assert done.returncode == 0, done.stdout[-3000:]
 

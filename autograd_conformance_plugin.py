@@ -6,7 +6,7 @@ neither torch nor the suite's packages (``conformance``, ``strategies``, ``refer
 generic names a user's project may also have), only adds its options, and hides the contract
 test modules from collection. A run that names the suite (a path inside ``conformance/``,
 ``--pyargs conformance``) or passes ``--impl`` activates it: then the suite is imported and a
-:class:`conformance.session.ConformanceSession` takes over.
+:class:`conformance.plugin.session.ConformanceSession` takes over.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def suite_root() -> Path:
     found = importlib.util.find_spec("conformance")
     if found is not None and found.origin:
         package = Path(found.origin).resolve().parent
-        if (package / "session.py").is_file() and (package / "test_grad_meta.py").is_file():
+        if (package / "plugin" / "session.py").is_file() and (package / "test_grad_meta.py").is_file():
             return package.parent
     return PLUGIN_ROOT
 
@@ -211,7 +211,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not active:
         return  # inert: nothing imported, contract modules hidden from collection
     check_suite_imports(_package_dir(config).parent)
-    from conformance.session import activate
+    from conformance.plugin.session import activate
 
     activate(config)
 
@@ -230,6 +230,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 @pytest.fixture
 def conformance_target(request: pytest.FixtureRequest) -> Any:
     """The registered Function and device this contract test checks."""
-    from conformance.session import make_target
+    from conformance.plugin.session import make_target
 
     return make_target(request)

@@ -12,15 +12,15 @@ property that Target.run hands to Hypothesis). Figure 4 reads them.
 evaluation primitive made inside a test is timed, and the replayable ones are recorded with
 their arguments (the Case objects and references to the tensors they were given):
 
-* ``conformance.harness.execute`` -> replayed as the Function's plain ``apply`` on inputs built
+* ``conformance.engine.harness.execute`` -> replayed as the Function's plain ``apply`` on inputs built
   from the same Case (same dtype/device/requires_grad), then ``torch.autograd.grad`` with the very
   grad_output tensors the suite used (no probe, no kept_flags, no callbacks);
-* ``conformance.harness.run_reference`` -> the same func on inputs built from the Case, and
+* ``conformance.engine.harness.run_reference`` -> the same func on inputs built from the Case, and
   ``torch.autograd.grad`` with the same grad_outputs;
-* ``conformance.numerics.evaluate_spec`` -> the spec's reference (and surrogate) on fresh leaf
+* ``conformance.engine.numerics.evaluate_spec`` -> the spec's reference (and surrogate) on fresh leaf
   copies of the same argument tensors, then ``torch.autograd.grad`` (no term-bound tracking);
 * ``torch.autograd.gradcheck`` / ``gradgradcheck`` called on a closure made by
-  ``conformance.harness.function_of_tensors`` -> the same call (same inputs, grad_outputs and
+  ``conformance.engine.harness.function_of_tensors`` -> the same call (same inputs, grad_outputs and
   keyword arguments) on a bare closure: the unprobed Function's ``apply`` on the same fixed
   arguments, no clones;
 * a direct call of such a closure (a forward only) -> the bare closure on the same tensors.
@@ -110,7 +110,7 @@ def _patch(owner: Any, name: str, wrapper: Any) -> None:
 
 
 def _rebind_imported_names() -> None:
-    """``from conformance.harness import execute`` made before the patch holds the original:
+    """``from conformance.engine.harness import execute`` made before the patch holds the original:
     point such module-level names of the suite's modules at the wrappers too."""
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "conformance" or module_name.startswith(("conformance.", "strategies."))):
@@ -161,7 +161,7 @@ def _timed(kind: str, call: Callable[[], Any], record: Callable[[Any, float], tu
 def _install() -> None:
     import torch
 
-    from conformance import harness, numerics
+    from conformance.engine import harness, numerics
 
     execute_sig = inspect.signature(harness.execute)
     reference_sig = inspect.signature(harness.run_reference)
@@ -249,11 +249,11 @@ def _install() -> None:
 
 
 def _install_failure_stamps() -> None:
-    from conformance.runner import Target
+    from conformance.engine.runner import Target
 
     failures: list[type[BaseException]] = []
-    for module, name in (("conformance.report", "ContractFailure"), ("conformance.defects", "Blocked"),
-                         ("conformance.watchdog", "ExampleAborted")):
+    for module, name in (("conformance.engine.report", "ContractFailure"), ("conformance.engine.defects", "Blocked"),
+                         ("conformance.engine.watchdog", "ExampleAborted")):
         try:
             failures.append(getattr(__import__(module, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -290,7 +290,7 @@ def _install_failure_stamps() -> None:
 
 
 def _bare_closure(info: tuple[Any, ...]) -> Callable[..., tuple[Any, ...]]:
-    from conformance.harness import as_tuple, forward_args, random_state
+    from conformance.engine.harness import as_tuple, forward_args, random_state
 
     case, args, wrt_positions, fn = info
     function = fn or case.spec.fn
@@ -320,7 +320,7 @@ def _fresh(value: Any) -> Any:
 
 
 def _bare_evaluate(func: Any, args: list[Any], names: list[str], grad_outputs: dict[int, Any]) -> None:
-    from conformance.harness import as_tuple, differentiable_positions
+    from conformance.engine.harness import as_tuple, differentiable_positions
 
     torch = torch_module()
     outputs = as_tuple(func(*args))
@@ -336,7 +336,7 @@ def _bare_evaluate(func: Any, args: list[Any], names: list[str], grad_outputs: d
 
 def _prepare(event: Event) -> Callable[[], Any]:
     """Build the event's inputs (untimed) and return the bare call to time."""
-    from conformance.harness import as_tuple, differentiable_positions, forward_args
+    from conformance.engine.harness import as_tuple, differentiable_positions, forward_args
 
     torch = torch_module()
     if event.kind == "execute":
@@ -398,7 +398,7 @@ def _replay(tests: list[TestRecord]) -> None:
     import torch
 
     try:
-        from conformance.global_state import pinned_global_state
+        from conformance.engine.global_state import pinned_global_state
     except ImportError:  # pragma: no cover - the suite always has it
         import contextlib
 

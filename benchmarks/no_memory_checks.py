@@ -10,7 +10,7 @@ from typing import Any
 
 
 class NoAllocationChecks(contextlib.AbstractContextManager["NoAllocationChecks"]):
-    """Stands in for conformance.memory.Allocations: same attributes, does nothing."""
+    """Stands in for conformance.engine.memory.Allocations: same attributes, does nothing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.allocations = 0
@@ -21,6 +21,6 @@ class NoAllocationChecks(contextlib.AbstractContextManager["NoAllocationChecks"]
 
 
 def pytest_configure(config: Any) -> None:
-    import conformance.probe as probe
+    import conformance.engine.probe as probe
 
     probe.Allocations = NoAllocationChecks  # type: ignore[misc,assignment]

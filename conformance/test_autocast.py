@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import Requirement, contract
-from conformance.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, random_state
-from conformance.numerics import Evaluated, Judged, evaluate, judge_against_truth, judged_grads, strict_float32, upcast
-from conformance.probe import probe
-from conformance.report import describe_value, fail
-from conformance.runner import Target
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, random_state
+from conformance.engine.numerics import Evaluated, Judged, evaluate, judge_against_truth, judged_grads, strict_float32, upcast
+from conformance.engine.probe import probe
+from conformance.engine.report import describe_value, fail
+from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 

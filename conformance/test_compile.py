@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.adapters import CustomOpAdapter
-from conformance.contracts import Requirement, contract
-from conformance.defects import Blocked, Defect
-from conformance.harness import as_tuple, differentiable_positions, forward_args, preflight, random_state
-from conformance.numerics import (
+from conformance.spec.targets import CustomOpAdapter
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.defects import Blocked, Defect
+from conformance.engine.harness import as_tuple, differentiable_positions, forward_args, preflight, random_state
+from conformance.engine.numerics import (
     Evaluated,
     Judged,
     evaluate_spec,
@@ -39,9 +39,9 @@ from conformance.numerics import (
     strict_float32,
     upcast,
 )
-from conformance.report import fail
-from conformance.runner import Target
-from conformance.triton_interpreter import interpreting, uses_triton
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
+from conformance.engine.triton_interpreter import interpreting, uses_triton
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
 

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import execute
-from conformance.report import describe_value, fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import execute
+from conformance.engine.report import describe_value, fail
+from conformance.engine.runner import Target
 
 ADVICE = (
     "If the Function is random by design (dropout, noise, sampling), declare nondeterministic=True "

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import Requirement, contract
-from conformance.defects import require_sound
-from conformance.harness import Execution, execute, run_reference
-from conformance.report import fail, mismatch_report
-from conformance.runner import Target
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import Execution, execute, run_reference
+from conformance.engine.report import fail, mismatch_report
+from conformance.engine.runner import Target
 from conformance.spec import DEFAULT_TOLERANCES
 
 FLOAT64_ROUNDING_STEPS = 2**16

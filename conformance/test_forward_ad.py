@@ -24,8 +24,8 @@ import torch.autograd.forward_ad as fwAD
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.contracts import Requirement, contract
-from conformance.harness import (
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.harness import (
     FD_EPS,
     FD_SPACING,
     as_tuple,
@@ -35,9 +35,9 @@ from conformance.harness import (
     random_state,
     user_allocations,
 )
-from conformance.numerics import Judged, judge_against_truth, strict_float32, upcast
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.numerics import Judged, judge_against_truth, strict_float32, upcast
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from conformance.test_gradcheck import FAST_ATOL, FAST_MODE_ELEMENTS, FAST_RTOL, SLOW_ATOL, SLOW_RTOL
 from strategies.cases import Case, CaseOptions
 from strategies.values import distinct_seed, grad_output_from_seed

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.harness import as_tuple, forward_args, preflight, random_state, user_allocations
-from conformance.numerics import (
+from conformance.engine.contract import contract
+from conformance.engine.harness import as_tuple, forward_args, preflight, random_state, user_allocations
+from conformance.engine.numerics import (
     Judged,
     evaluate,
     evaluate_spec,
@@ -34,8 +34,8 @@ from conformance.numerics import (
     strict_float32,
     upcast,
 )
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 from strategies.values import distinct_seed

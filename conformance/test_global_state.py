@@ -1,6 +1,6 @@
 """Contract global_state: a Function leaves torch's global state as it found it.
 
-Forward and backward each start from the suite's pinned state (:mod:`conformance.global_state`:
+Forward and backward each start from the suite's pinned state (:mod:`conformance.engine.global_state`:
 grad mode on, default dtype float32, default device CPU, deterministic algorithms and anomaly
 mode off, torch's backend precision flags, autocast off, the thread count); after each, every
 one of those must still hold its pinned value. A leak changes every op the caller runs next: a
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.global_state import RngStates, Snapshot, differences, pin, rng_states, seed_all, snapshot
-from conformance.harness import Execution, execute
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.global_state import RngStates, Snapshot, differences, pin, rng_states, seed_all, snapshot
+from conformance.engine.harness import Execution, execute
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import Case
 
 # The RNG seeds of the runs (any two distinct values; the runner pins and restores the RNG).

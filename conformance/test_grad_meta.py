@@ -2,7 +2,7 @@
 
 Checked on what backward returned, before the engine sums an expandable shape (an unreduced
 broadcast gradient) or casts a dtype -- both of which gradcheck lets through. The checks live in
-:func:`conformance.defects.structural_defects`, shared with every contract that must stop
+:func:`conformance.engine.defects.structural_defects`, shared with every contract that must stop
 ("blocked by grad_meta") when a gradient's metadata is wrong. The "sum it over the broadcast
 dims" advice is given only when the input really was broadcast to the gradient's shape in the
 failing call.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import execute
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import execute
+from conformance.engine.runner import Target
 from strategies.cases import CaseOptions
 
 

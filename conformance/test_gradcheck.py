@@ -17,8 +17,8 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.contracts import contract, float64
-from conformance.harness import (
+from conformance.engine.contract import contract, float64
+from conformance.engine.harness import (
     FD_EPS,
     FD_SPACING,
     NONDET_TOL,
@@ -28,9 +28,9 @@ from conformance.harness import (
     preflight,
     run_reference,
 )
-from conformance.probe import guarded
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.probe import guarded
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import CaseOptions
 
 FAST_MODE_ELEMENTS = 256

@@ -30,11 +30,11 @@ import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from conformance.contracts import Requirement, contract
-from conformance.harness import FD_EPS, FD_SPACING, NONDET_TOL, fixed_rng, function_of_tensors, preflight
-from conformance.probe import Recorder, probe
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.harness import FD_EPS, FD_SPACING, NONDET_TOL, fixed_rng, function_of_tensors, preflight
+from conformance.engine.probe import Recorder, probe
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
 
 FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, preflight
-from conformance.probe import BackwardCall, probe
-from conformance.report import describe_value, fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, preflight
+from conformance.engine.probe import BackwardCall, probe
+from conformance.engine.report import describe_value, fail
+from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, Case
 
 # Budget for "the same result both times", relative to max|first result|: reruns of the same

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import Execution, execute, random_state, run_reference
-from conformance.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp, upcast
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import Execution, execute, random_state, run_reference
+from conformance.engine.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp, upcast
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, LAYOUTS, Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 from strategies.values import tensor_from_seed
@@ -119,7 +119,7 @@ def _reference_noise(target: Target, case: Case, grad_outputs: tuple[torch.Tenso
 
 def _term_floors(target: Target, case: Case, grad_outputs: dict[int, torch.Tensor]) -> dict[str, float]:
     """Per output/gradient label: twice the reference contract's rounding-step floor at the
-    truth's term bound (:mod:`conformance.terms`). Each layout's run may be that far from the
+    truth's term bound (:mod:`conformance.engine.terms`). Each layout's run may be that far from the
     truth, so the two may be that far apart: a LayerNorm of a constant row is made of terms
     ~300x larger than the result, and a one-step change in how ``mean`` sums them (PyTorch's own
     ``mean`` rounds differently on stride-0 and transposed memory) moves the result by ~300 steps."""

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import Blocked, Defect, require_sound
-from conformance.harness import Execution, execute, fixed_rng, why_no_backward
-from conformance.report import ContractFailure, describe_value, fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import Blocked, Defect, require_sound
+from conformance.engine.harness import Execution, execute, fixed_rng, why_no_backward
+from conformance.engine.report import ContractFailure, describe_value, fail
+from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 

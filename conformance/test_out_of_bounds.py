@@ -4,7 +4,7 @@ An unmasked tail store (``mask=offs <= n``, a grid rounded up without a mask) la
 neighbouring buffer without any error on CPU, under the Triton interpreter, and usually on CUDA.
 Here every tensor input and grad_output, and every uninitialised buffer the Function allocates,
 sits inside a larger buffer whose margins (:data:`MARGIN` elements each side) hold canary values
-(:mod:`conformance.memory`); a changed canary after forward or after backward is a failure that
+(:mod:`conformance.engine.memory`); a changed canary after forward or after backward is a failure that
 says whose margin and how far past its end.
 
 What it cannot see: a write more than ``MARGIN`` elements away, into memory that is not a
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import Execution, execute, random_state
-from conformance.memory import MARGIN
-from conformance.report import fail
-from conformance.runner import VARIED_CASES, Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import Execution, execute, random_state
+from conformance.engine.memory import MARGIN
+from conformance.engine.report import fail
+from conformance.engine.runner import VARIED_CASES, Target
 
 
 def _damage(execution: Execution) -> list[str]:

@@ -10,7 +10,7 @@ The reference's own error is the largest of four samples: the case itself and th
 neighbouring inputs (one representable step), each against its own float64 truth. Specs with a
 ``surrogate`` have their gradients compared with the surrogate's. Every example is
 checked in every dtype the spec lists, with the same input values and grad_outputs. The policy
-and its measurements are in :mod:`conformance.numerics`. Specs declared ``nondeterministic`` are
+and its measurements are in :mod:`conformance.engine.numerics`. Specs declared ``nondeterministic`` are
 compared in float64 only, with the implementation and the reference run under one seeded RNG
 state (so the reference must draw its randomness the same way, e.g. ``torch.rand_like``).
 """
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import SOME_DTYPE, Requirement, contract
-from conformance.defects import require_sound
-from conformance.harness import execute, random_state
-from conformance.numerics import (
+from conformance.engine.contract import SOME_DTYPE, Requirement, contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import execute, random_state
+from conformance.engine.numerics import (
     Evaluated,
     checked_positions,
     compare_budget,
@@ -37,8 +37,8 @@ from conformance.numerics import (
     strict_float32,
     upcast,
 )
-from conformance.report import describe_value, fail
-from conformance.runner import Target
+from conformance.engine.report import describe_value, fail
+from conformance.engine.runner import Target
 from conformance.spec import Spec
 from strategies.cases import Case, CaseOptions
 from strategies.values import MASK_KINDS

@@ -1,9 +1,9 @@
 """Contract return_count: backward returns one entry per forward input, None for non-tensors.
 
 Forward's own return value is checked first: a list, dict, None or number holds no tensor
-autograd tracks (:func:`conformance.defects.forward_defect`). Trailing extra Nones are tolerated (the engine tolerates them too); anything else is a defect
+autograd tracks (:func:`conformance.engine.defects.forward_defect`). Trailing extra Nones are tolerated (the engine tolerates them too); anything else is a defect
 the engine would report as an opaque "incorrect number of gradients" or let through. The checks
-live in :func:`conformance.defects.structural_defects`, shared with every contract that must
+live in :func:`conformance.engine.defects.structural_defects`, shared with every contract that must
 stop ("blocked by return_count") when the count is wrong.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound, structural_defects
-from conformance.harness import execute
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound, structural_defects
+from conformance.engine.harness import execute
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 
 
 def check_return_count(target: Target, data: st.DataObject) -> None:

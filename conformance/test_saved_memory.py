@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import Requirement, contract
-from conformance.defects import require_sound
-from conformance.harness import Execution, execute, random_state
-from conformance.memory import SavedStorage, saved_storages
-from conformance.probe import tensors_in
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import Requirement, contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import Execution, execute, random_state
+from conformance.engine.memory import SavedStorage, saved_storages
+from conformance.engine.probe import tensors_in
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 
 NO_PROMISE = (
     "the spec makes no promise about what forward keeps for backward; declare one with register(..., "

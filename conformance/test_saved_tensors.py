@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import allocation_policy, as_tuple, differentiable_positions, execute, forward_args
-from conformance.probe import guarded
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, execute, forward_args
+from conformance.engine.probe import guarded
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import Case
 
 

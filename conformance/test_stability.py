@@ -27,12 +27,12 @@ from dataclasses import replace
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import SOME_DTYPE, contract
-from conformance.defects import require_sound
-from conformance.harness import execute, random_state
-from conformance.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
-from conformance.report import fail
-from conformance.runner import Target
+from conformance.engine.contract import SOME_DTYPE, contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import execute, random_state
+from conformance.engine.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
+from conformance.engine.report import fail
+from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
 from strategies.recipes import MaskRecipe, TensorRecipe
 from strategies.values import MASK_KINDS

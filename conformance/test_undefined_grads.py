@@ -19,9 +19,9 @@ import itertools
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import (
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import (
     allocation_policy,
     as_tuple,
     differentiable_positions,
@@ -32,9 +32,9 @@ from conformance.harness import (
     random_state,
     why_no_backward,
 )
-from conformance.probe import BackwardCall, probe
-from conformance.report import describe_value, fail
-from conformance.runner import Target
+from conformance.engine.probe import BackwardCall, probe
+from conformance.engine.report import describe_value, fail
+from conformance.engine.runner import Target
 from strategies.cases import Case
 
 # Both runs compute the same quantity with the same kernels, except that one may skip adding a

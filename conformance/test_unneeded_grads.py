@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.runner import Target
+from conformance.engine.contract import contract
+from conformance.engine.runner import Target
 from conformance.test_needs_input_grad import run_subsets
 
 

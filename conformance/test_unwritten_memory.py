@@ -4,7 +4,7 @@ A kernel whose grid skips the last partial block, or whose store mask drops vali
 returns a buffer from ``torch.empty`` with holes: on most machines fresh memory is zeros, so
 the hole looks like a plausible value and hand-written tests pass. The execution layer fills
 every uninitialised allocation the Function makes with NaN in every evaluation (see
-:mod:`conformance.memory`) and confirms each NaN against a zero-filled rerun; this contract owns
+:mod:`conformance.engine.memory`) and confirms each NaN against a zero-filled rerun; this contract owns
 what that finds (every other contract stops with "blocked by unwritten_memory"), and says n/a for
 a Function that allocates nothing uninitialised (pure torch ops write all they return).
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.contracts import contract
-from conformance.defects import require_sound
-from conformance.harness import execute, random_state
-from conformance.runner import VARIED_CASES, Target
+from conformance.engine.contract import contract
+from conformance.engine.defects import require_sound
+from conformance.engine.harness import execute, random_state
+from conformance.engine.runner import VARIED_CASES, Target
 
 NOTHING_ALLOCATED = (
     "the Function made no uninitialised allocation (torch.empty, empty_like, new_empty, empty_strided) in "

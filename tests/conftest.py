@@ -12,9 +12,9 @@ import torch
 
 
 def _warm_term_bounds() -> None:
-    """Same for what the term bounds (conformance/terms.py) import lazily while following a
+    """Same for what the term bounds (conformance/engine/terms.py) import lazily while following a
     decomposition (torch._decomp pulls in parts of torch._inductor that register operators)."""
-    from conformance.terms import TermMagnitudes
+    from conformance.engine.terms import TermMagnitudes
 
     x = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
     with TermMagnitudes():

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from autograd_conformance_plugin import PROFILE_NAMES
-from conformance.runner import PROFILES
-from conformance.session import worker_gpus
+from conformance.engine.runner import PROFILES
+from conformance.plugin.session import worker_gpus
 from tests.conftest import REPO, ZOO
 
 PLUGIN = "autograd_conformance_plugin"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import outcomes
-from conformance.html_report import anchor_id
-from conformance.outcomes import OUTCOMES, Cell, OutcomeMatrix, RunInfo
+from conformance.plugin import outcomes
+from conformance.plugin.html_report import anchor_id
+from conformance.plugin.outcomes import OUTCOMES, Cell, OutcomeMatrix, RunInfo
 
 CONTRACTS = (
     "determinism", "devices", "grad_meta", "gradcheck", "gradgradcheck", "inplace", "layouts",

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conformance.memory import AllocationPolicy, Allocations, padded_copy, saved_storages, unwritten_elements
+from conformance.engine.memory import AllocationPolicy, Allocations, padded_copy, saved_storages, unwritten_elements
 from tests.conftest import ZOO
 
 MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
@@ -112,7 +112,7 @@ def test_saves_promise_is_validated(clean_registry) -> None:  # type: ignore[no-
 
 def test_waiving_unwritten_memory_turns_poisoning_off(clean_registry) -> None:  # type: ignore[no-untyped-def]
     from conformance import Tensor, register
-    from conformance.harness import allocation_policy
+    from conformance.engine.harness import allocation_policy
     from conformance.spec import registered
     from tests.zoo.memory_bugs import BlockedScale
 
@@ -204,7 +204,7 @@ class _Doubles(torch.autograd.Function):
 
 
 def test_probed_forward_keeps_the_users_signature_and_outputs_are_not_views() -> None:
-    from conformance.probe import probe
+    from conformance.engine.probe import probe
 
     probed, recorder = probe(_Doubles, allocations=AllocationPolicy())
     x = torch.ones(3, requires_grad=True)

@@ -1,7 +1,7 @@
 """The reference and stability contracts catch the numerically buggy Functions in
 tests/zoo/numeric_bugs.py, pass their correct counterparts and the bundled reference ops, and
 the tolerance policy's pieces (rounding-step floor, representable range, resampled baseline)
-behave as documented in conformance/numerics.py."""
+behave as documented in conformance/engine/numerics.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conformance import SpecError, Tensor, register
-from conformance.numerics import (
+from conformance.engine.numerics import (
     checked_positions,
     compare_budget,
     compare_finiteness,

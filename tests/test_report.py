@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import find
 
-from conformance.probe import probe
-from conformance.report import ContractFailure, describe_value, fail, mismatch_report
+from conformance.engine.probe import probe
+from conformance.engine.report import ContractFailure, describe_value, fail, mismatch_report
 from conformance.spec import registered
 from strategies.cases import cases
 from tests.conftest import REPO

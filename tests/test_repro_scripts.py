@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.repro import EXIT_FAILED, EXIT_PASSED
-from conformance.runner import FAILURE_PROPERTY, REPRO_PROPERTY
+from conformance.engine.repro import EXIT_FAILED, EXIT_PASSED
+from conformance.engine.runner import FAILURE_PROPERTY, REPRO_PROPERTY
 from tests.conftest import REPO, ZOO
 from tests.test_core_contracts import CORE
 from tests.test_derivative_layout_determinism_device_contracts import BEHAVIOUR as DERIVATIVE_BEHAVIOUR
@@ -53,7 +53,7 @@ import contextlib, io, json, runpy, sys
 sys.path.append(sys.argv[4])
 jobs, mode, out_path = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
 if mode == "twin":
-    import conformance.repro as repro
+    import conformance.engine.repro as repro
     from tests.twins import with_twin
     load = repro.load_spec
     repro.load_spec = lambda impl, name: with_twin(load(impl, name))

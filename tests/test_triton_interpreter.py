@@ -1,4 +1,4 @@
-"""conformance.triton_interpreter: third-party Triton kernels run on CPU without editing them
+"""conformance.engine.triton_interpreter: third-party Triton kernels run on CPU without editing them
 (libdevice fallbacks, autotune without a driver, bfloat16 refused), every autotune config is
 its own test id, and interpreter limits are explained skips, never failures."""
 
@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install 'autograd-conformance[triton]')")
 
-from conformance.triton_interpreter import (  # noqa: E402
+from conformance.engine.triton_interpreter import (  # noqa: E402
     InterpreterLimit,
     install,
     interpreter_limit,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import report
-from conformance.runner import NOT_APPLICABLE, STATUS_PROPERTY, RunOptions, Target
+from conformance.engine import report
+from conformance.engine.runner import NOT_APPLICABLE, STATUS_PROPERTY, RunOptions, Target
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
 CONTRACTS = sorted(p.stem.removeprefix("test_") for p in CONFORMANCE_DIR.glob("test_*.py"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis.errors import InvalidArgument
 
-from conformance.contracts import ContractInfo, Requirement, contract, discover
+from conformance.engine.contract import ContractInfo, Requirement, contract, discover
 from strategies.cases import LAYOUTS, CaseOptions
 
 
@@ -64,7 +64,7 @@ def test_a_contract_declaration_must_match_its_function_and_module() -> None:
         contract("grad_meta")(test_other)
     with pytest.raises(TypeError, match="case=.* must be a strategies.cases.CaseOptions"):
         contract("grad_meta", case={"broadcast": True})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="each must be a conformance.contracts.Requirement"):
+    with pytest.raises(TypeError, match="each must be a conformance.engine.contract.Requirement"):
         contract("grad_meta", requires=[lambda target: None])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="max_examples=0 must be an int >= 1"):
         contract("compile", max_examples=0)

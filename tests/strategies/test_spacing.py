@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance import Scalar, Tensor
-from conformance.global_state import preserved_global_state
-from conformance.harness import FD_EPS, FD_SPACING
-from conformance.repro import to_source
+from conformance.engine.global_state import preserved_global_state
+from conformance.engine.harness import FD_EPS, FD_SPACING
+from conformance.engine.repro import to_source
 from conformance.spec import _build_spec
 from reference_ops.elementwise import SoftThreshold
 from reference_ops.reductions import Max

@@ -285,7 +285,7 @@ def _examples(strategy: st.SearchStrategy[Any], count: int) -> list[Any]:
 
 
 def test_a_spec_caps_its_own_examples_and_elements() -> None:
-    from conformance.runner import RunOptions, Target
+    from conformance.engine.runner import RunOptions, Target
 
     spec = checked_spec([Tensor("x", "n d")], max_examples=3, max_elements=16)
     seen: list[Any] = []
@@ -300,7 +300,7 @@ def test_a_spec_caps_its_own_examples_and_elements() -> None:
 
 
 def test_floor_ulps_raises_the_floor_for_an_exact_reference() -> None:
-    from conformance.numerics import compare_budget, ulp
+    from conformance.engine.numerics import compare_budget, ulp
 
     truth = torch.tensor([1.0, 0.5], dtype=torch.float64)
     exact = truth.to(torch.float32)  # the reference is exact in float32: its own error is 0

@@ -3,7 +3,7 @@
 * ``--isolate`` (:class:`ForkIsolation`) runs every contract test in a forked child of the
   process that would have run it (the serial pytest process, or each xdist worker). The child
   sends its reports back through a pipe; when it dies instead (``os._exit``, a segfault, the
-  hard deadline of :mod:`conformance.watchdog`), the parent reports that test as failed with
+  hard deadline of :mod:`conformance.engine.watchdog`), the parent reports that test as failed with
   what the child's flight record says: the example's case and where it was. Forking costs a
   few milliseconds per test; CPU only, since CUDA cannot be used in a forked child once the
   parent has touched it (use ``-n N`` there).
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from _pytest.runner import runtestprotocol
 
-from conformance.watchdog import Crash, FlightRecorder, describe_crash
+from conformance.engine.watchdog import Crash, FlightRecorder, describe_crash
 
 __all__ = ["ForkIsolation", "XdistCrashReports", "crash_text", "exit_status_text"]
 
@@ -62,8 +62,8 @@ def crash_text(crash: Crash) -> str:
 
 def crash_properties(crash: Crash, text: str) -> list[tuple[str, object]]:
     """The user_properties a crash report carries into the outcome matrix."""
-    from conformance.runner import FAILURE_PROPERTY, FAILURE_REPORT_PROPERTY
-    from conformance.session import RERUN_PROPERTY, TEST_PROPERTY
+    from conformance.engine.runner import FAILURE_PROPERTY, FAILURE_REPORT_PROPERTY
+    from conformance.plugin.session import RERUN_PROPERTY, TEST_PROPERTY
 
     properties: list[tuple[str, object]] = [
         (TEST_PROPERTY, (crash.contract, crash.function, crash.device)),
@@ -83,7 +83,7 @@ def warm_up() -> None:
     import torch.fx.experimental.symbolic_shapes
     import torch.testing  # noqa: F401
 
-    import conformance.terms  # noqa: F401
+    import conformance.engine.terms  # noqa: F401
 
 
 class ForkIsolation:
@@ -96,7 +96,7 @@ class ForkIsolation:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        from conformance.session import TEST_PROPERTY
+        from conformance.plugin.session import TEST_PROPERTY
 
         if not any(name == TEST_PROPERTY for name, _ in item.user_properties):
             return None  # not a contract test: pytest runs it as usual

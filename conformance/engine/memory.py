@@ -2,7 +2,7 @@
 
 A fresh CPU page is zeros, so a kernel that never writes part of its output looks right on a
 lucky machine, and an unmasked tail store lands in a neighbour's buffer without an error. Three
-mechanisms make those visible; the execution layer (:mod:`conformance.harness`) applies them
+mechanisms make those visible; the execution layer (:mod:`conformance.engine.harness`) applies them
 through the probe, around the user's own forward and backward only:
 
 * :class:`Allocations` is a ``TorchFunctionMode`` that sees every allocation the Function's

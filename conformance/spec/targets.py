@@ -1,7 +1,7 @@
 """Op adapters: what the suite needs to know about a registered target, whatever its kind.
 
 Every contract sees a target through one :class:`OpAdapter`: how to call it as a user would,
-the ``torch.autograd.Function`` the probe (:mod:`conformance.probe`) subclasses to see
+the ``torch.autograd.Function`` the probe (:mod:`conformance.engine.probe`) subclasses to see
 backward's raw returns, its name in messages, how a repro script imports it, which arguments it
 mutates, and which transforms it declares (a ``jvp``, a vmap rule). Two kinds exist:
 
@@ -92,7 +92,7 @@ class OpAdapter(Protocol):
 def _import_lines(module: str, name: str, source_file: str) -> list[str]:
     """Lines binding ``name`` from ``module`` (a file loaded by path is imported by its path)."""
     if module.startswith("_conformance_impl_") and source_file:
-        return ["from conformance.loader import import_path", f"{name} = import_path({source_file!r}).{name}"]
+        return ["from conformance.plugin.loader import import_path", f"{name} = import_path({source_file!r}).{name}"]
     return [f"from {module} import {name}"]
 
 
@@ -237,7 +237,7 @@ class CustomOpAdapter:
             return _import_lines(self.module, name, source_file), name
         namespace, opname = self.display_name.split("::")
         if self.module.startswith("_conformance_impl_") and source_file:
-            lines = ["from conformance.loader import import_path", f"import_path({source_file!r})  # registers {self.display_name}"]
+            lines = ["from conformance.plugin.loader import import_path", f"import_path({source_file!r})  # registers {self.display_name}"]
         else:
             lines = [f"import {self.module}  # registers {self.display_name}"]
         return lines, f"torch.ops.{namespace}.{opname}"

@@ -22,7 +22,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from conformance.adapters import FunctionAdapter, OpAdapter, adapt, positional_arity
+from conformance.spec.targets import FunctionAdapter, OpAdapter, adapt, positional_arity
 from strategies.dims import DimRule, broadcast_forms
 from strategies.recipes import (
     AdditiveMaskRecipe,
@@ -560,7 +560,7 @@ INPUT_KINDS = (Tensor, Mask, Index, Scalar, Offsets, Derived)
 class Spec:
     """One registered target (a Function or a custom op) and everything the suite may assume about it.
 
-    ``op`` is how the suite calls, names and imports it (:mod:`conformance.adapters`); ``fn`` is
+    ``op`` is how the suite calls, names and imports it (:mod:`conformance.spec.targets`); ``fn`` is
     the Function the probe wraps (the user's own, or one made of a custom op's registered pieces)."""
 
     fn: type[torch.autograd.Function]
@@ -773,7 +773,7 @@ def _add(spec: Spec, origin: str, registered_at: str) -> None:
 
 def _autotune_specs(spec: Spec, autotune: Any) -> list[Spec]:
     """``spec`` itself, or one copy per config of each autotuned kernel, pinned to it."""
-    from conformance.triton_interpreter import autotuned_configs, describe_config
+    from conformance.engine.triton_interpreter import autotuned_configs, describe_config
 
     if autotune is None:
         return [spec]

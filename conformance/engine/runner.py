@@ -4,7 +4,7 @@ Each collected test (one Function x one contract x one device) receives a :class
 ``target.run(check)`` wraps ``check(target, data)`` in a Hypothesis test with the run's settings
 and a seed derived from (seed option, Function, contract, device) -- never from the node id or
 the worker -- so the same seed gives the same examples and verdicts serially and under xdist.
-Every example runs under torch's pinned global state (:mod:`conformance.global_state`), so what
+Every example runs under torch's pinned global state (:mod:`conformance.engine.global_state`), so what
 ran before it (a spec module that turned grad mode off, another test) cannot change it. A pass
 is earned: the check calls :meth:`Target.checked` where it really checked its property, and a
 test none of whose examples did is skipped as n/a with the reasons given to
@@ -28,15 +28,15 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
-from conformance.defects import Blocked, ForwardError
-from conformance.expectations import Expectation
-from conformance.global_state import SUITE_THREADS, pinned_global_state, pinned_values
-from conformance.harness import Execution, why_no_backward
-from conformance.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
-from conformance.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
+from conformance.engine.defects import Blocked, ForwardError
+from conformance.engine.expectations import Expectation
+from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
+from conformance.engine.harness import Execution, why_no_backward
+from conformance.engine.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
+from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
 from conformance.spec import Spec
-from conformance.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
-from conformance.watchdog import (
+from conformance.engine.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
+from conformance.engine.watchdog import (
     DEFAULT_EXAMPLE_TIMEOUT,
     ExampleAborted,
     ExampleTimeout,
@@ -150,7 +150,7 @@ class Target:
     rerun: str = field(default="", repr=False)  # the command that replays this test
     repro_dir: Path | None = field(default=None, repr=False)  # where a failure's repro script goes
     run_dir: Path | None = field(default=None, repr=False)  # where pytest ran (repro scripts run from there)
-    replay_draws: Sequence[tuple[str | None, Any]] | None = field(default=None, repr=False)  # see conformance.repro
+    replay_draws: Sequence[tuple[str | None, Any]] | None = field(default=None, repr=False)  # see conformance.engine.repro
     last_draws: list[tuple[str | None, Any]] = field(default_factory=list, repr=False)
     dtype_expectations: tuple[Expectation, ...] = field(default=(), repr=False)  # xfail in that dtype only
     strict_expectations: bool = field(default=False, repr=False)
@@ -175,7 +175,7 @@ class Target:
 
     @property
     def pinned(self) -> Mapping[str, Any]:
-        """torch's global state every example of this test runs under (:mod:`conformance.global_state`)."""
+        """torch's global state every example of this test runs under (:mod:`conformance.engine.global_state`)."""
         return pinned_values(threads=self.options.threads)
 
     def require_float64(self, why: str) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from conformance.adapters import declares_jvp
-from conformance.memory import AllocationPolicy, Allocations, CanaryBuffer
+from conformance.spec.targets import declares_jvp
+from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer
 
 __all__ = ["BackwardCall", "Recorder", "guarded", "probe", "tensors_in", "user_backward_name"]
 
@@ -45,7 +45,7 @@ class Recorder:
     """Every backward call made through one probe class, in order."""
 
     calls: list[BackwardCall] = field(default_factory=list)
-    # Uninitialised allocations the user's forward and backward made (conformance.memory), and
+    # Uninitialised allocations the user's forward and backward made (conformance.engine.memory), and
     # the canary-margined buffers they were placed in when canaries were on.
     uninitialised_allocations: int = 0
     canaries: list[CanaryBuffer] = field(default_factory=list)
@@ -116,7 +116,7 @@ def _under_allocations(
 
 def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy) -> type[torch.autograd.Function]:
     """A subclass of ``fn`` that records nothing (so it keeps nothing alive) but runs forward and
-    backward under :class:`conformance.memory.Allocations` like every evaluation: for contracts
+    backward under :class:`conformance.engine.memory.Allocations` like every evaluation: for contracts
     that must call the Function unprobed (saved_tensors checks what is freed)."""
     unkept = dataclasses.replace(allocations, keep_canaries=False)
     method = user_backward_name(fn)
@@ -145,7 +145,7 @@ def probe(
     copies of its grad_outputs (same strides): a backward that writes into grad_output cannot
     change what the caller (gradcheck) passes again -- that write is the inplace contract's
     finding, not a wrong derivative. With ``allocations``, the user's forward and backward run
-    under :class:`conformance.memory.Allocations`: what they allocate uninitialised is poisoned
+    under :class:`conformance.engine.memory.Allocations`: what they allocate uninitialised is poisoned
     (or zeroed) and surrounded by canaries, as the policy says.
     """
     recorder = Recorder()

@@ -163,7 +163,7 @@ def _interpreted_call(name: str, numpy_fn: Callable[..., Any]) -> Callable[..., 
 def _unsupported(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise InterpreterLimit(
-            f"libdevice.{name} has no fallback under the Triton interpreter (conformance.triton_interpreter "
+            f"libdevice.{name} has no fallback under the Triton interpreter (conformance.engine.triton_interpreter "
             f"implements {', '.join(LIBDEVICE_FALLBACKS[:8])}, ...); run on a GPU to check this kernel"
         )
 

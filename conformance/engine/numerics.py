@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from conformance.harness import as_tuple, differentiable_positions
-from conformance.report import mismatch_report
+from conformance.engine.harness import as_tuple, differentiable_positions
+from conformance.engine.report import mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
-from conformance.terms import TermMagnitudes
+from conformance.engine.terms import TermMagnitudes
 
 __all__ = [
     "FLOOR_ULPS",
@@ -125,7 +125,7 @@ def upcast(value: Any) -> Any:
 class Evaluated:
     """Outputs and input gradients of one evaluation (of the impl, the truth or the baseline).
 
-    ``terms`` (truth only, see :mod:`conformance.terms`): per output position / gradient name,
+    ``terms`` (truth only, see :mod:`conformance.engine.terms`): per output position / gradient name,
     the running error bound of each value in rounding units -- how large the terms are that it
     was computed from.
     """
@@ -319,7 +319,7 @@ def compare_budget(
     contract passes the largest |truth| over all outputs and gradients of the call): a result
     that is exactly 0 by cancellation (attention's grad_q with one key) is computed from terms as
     large as the call's other values, and a correct kernel leaves rounding noise of their size --
-    and at the largest of ``terms`` (the truth's running error bound, :mod:`conformance.terms`):
+    and at the largest of ``terms`` (the truth's running error bound, :mod:`conformance.engine.terms`):
     a result made of larger terms that cancel (attention's dK with one key, a LayerNorm of a
     constant row) is computed by any other evaluation order with noise of the terms' size.
     """

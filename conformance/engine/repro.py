@@ -193,7 +193,7 @@ def write_script(
     draw_lines = []
     for label, value in draws:
         draw_lines.append(f"    ({label!r}, {_indent(to_source(value))}),")
-    suite_parent = Path(__file__).resolve().parent.parent
+    suite_parent = Path(__file__).resolve().parents[2]
     sys_path = ["os.getcwd()"]
     if not {"site-packages", "dist-packages"} & set(suite_parent.parts):
         # A checkout or vendored copy: import this package from where pytest found it.
@@ -218,8 +218,8 @@ sys.path[:0] = [{", ".join(sys_path)}]
 
 import torch  # noqa: E402
 
-from conformance.repro import Case, load_spec, replay  # noqa: E402
-from conformance.repro import (  # noqa: E402, F401
+from conformance.engine.repro import Case, load_spec, replay  # noqa: E402
+from conformance.engine.repro import (  # noqa: E402, F401
     AdditiveMaskRecipe, DerivedRecipe, IndexRecipe, MaskRecipe, OffsetsRecipe, ScalarRecipe, TensorRecipe,
 )
 
@@ -257,7 +257,7 @@ def _relative_or_absolute(path: Path, start: Path) -> str:
 
 def load_spec(impl: str, name: str) -> Any:
     """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths)."""
-    from conformance.loader import load_impls
+    from conformance.plugin.loader import load_impls
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # as the plugin does, before any kernel import
@@ -292,9 +292,9 @@ def replay(
 def _replay(spec: Any, contract: str, *, device: str, draws: Sequence[tuple[str | None, Any]], impl: str) -> tuple[int, str]:
     from _pytest.outcomes import OutcomeException
 
-    from conformance.defects import Blocked
-    from conformance.report import ContractFailure
-    from conformance.runner import RunOptions, Target
+    from conformance.engine.defects import Blocked
+    from conformance.engine.report import ContractFailure
+    from conformance.engine.runner import RunOptions, Target
 
     bound = [(label, _bind(value, spec)) for label, value in draws]
     try:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from conformance.defects import ForwardError, require_sound
-from conformance.global_state import RngStates, kept_flags, rng_states, set_rng_states
-from conformance.memory import (
+from conformance.engine.defects import ForwardError, require_sound
+from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
+from conformance.engine.memory import (
     MARGIN,
     AllocationPolicy,
     Allocations,
@@ -22,7 +22,7 @@ from conformance.memory import (
     poison_candidates,
     unwritten_elements,
 )
-from conformance.probe import Recorder, probe
+from conformance.engine.probe import Recorder, probe
 from strategies.cases import Case
 
 if TYPE_CHECKING:
@@ -145,13 +145,13 @@ def execute(
 
     Backward goes through ``torch.autograd.grad`` with respect to every input that requires grad,
     so the engine's own checks still run; its errors are kept in ``backward_error`` (see
-    :func:`conformance.defects.require_sound`) because the raw record usually explains them. A forward that
+    :func:`conformance.engine.defects.require_sound`) because the raw record usually explains them. A forward that
     raises is re-raised as :class:`ForwardError`, which the runner reports as the contract's
     failure with the case. Every call builds fresh inputs from the case's recipes, so a Function
     that writes into its inputs cannot change what another evaluation sees. ``after_forward`` is
     called between forward and backward, ``after_backward`` after a backward that returned (the
     global_state contract looks at torch's state there); torch's global flags are put back when
-    the call returns (:func:`conformance.global_state.kept_flags`).
+    the call returns (:func:`conformance.engine.global_state.kept_flags`).
 
     The Function's own uninitialised allocations are poisoned (:func:`allocation_policy`); when
     an output or gradient then holds NaN, the case runs again with zero-filled allocations and

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from conformance.probe import BackwardCall
-from conformance.report import describe_value, fail
-from conformance.triton_interpreter import interpreter_limit
+from conformance.engine.probe import BackwardCall
+from conformance.engine.report import describe_value, fail
+from conformance.engine.triton_interpreter import interpreter_limit
 from strategies.recipes import FloatingRecipe
 
 if TYPE_CHECKING:
-    from conformance.harness import Execution
+    from conformance.engine.harness import Execution
     from strategies.cases import Case
 
 __all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects", "unwritten_defect"]
@@ -188,7 +188,7 @@ def _describe_return(value: Any) -> str:
 
 def unwritten_defect(execution: Execution) -> Defect:
     """Output or gradient elements read from memory the Function never wrote, owned by
-    ``unwritten_memory`` (see :mod:`conformance.memory`)."""
+    ``unwritten_memory`` (see :mod:`conformance.engine.memory`)."""
     first = execution.unwritten[0]
     fn_name = execution.case.spec.display_name
     phase = "forward" if first.what.startswith("output") else "backward"

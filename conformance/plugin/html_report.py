@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-from conformance.outcomes import (
+from conformance.plugin.outcomes import (
     FAILURE_OUTCOMES,
     FAILURE_WORDS,
     LABELS,

@@ -17,7 +17,7 @@ which is what its own rounding is relative to. The shadow of a result never fall
 ``|result|``.
 
 The comparison layer uses the largest shadow of a result as the scale of its rounding-step floor
-(:func:`conformance.numerics.compare_budget`). A wrong kernel is off by O(1) of the result's
+(:func:`conformance.engine.numerics.compare_budget`). A wrong kernel is off by O(1) of the result's
 terms, a correct one by a few rounding steps of them.
 """
 

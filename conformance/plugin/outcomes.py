@@ -376,7 +376,7 @@ class OutcomeMatrix:
         return "\n".join(_markdown_lines(self, run)) + "\n"
 
     def html(self, run: RunInfo) -> str:
-        from conformance.html_report import render_html  # imports this module: loaded on first use
+        from conformance.plugin.html_report import render_html  # imports this module: loaded on first use
 
         return render_html(self, run)
 

@@ -22,13 +22,13 @@ import pytest
 import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DEFAULT_IMPL, DEVICE_CHOICES, DTYPE_NAMES
-from conformance.contracts import ContractInfo, contract_of, discover
-from conformance.expectations import Expectation, Expectations
-from conformance.global_state import SUITE_THREADS
-from conformance.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
-from conformance.loader import ImplError, load_impls
-from conformance.outcomes import Cell, OutcomeMatrix, RunInfo
-from conformance.runner import (
+from conformance.engine.contract import ContractInfo, contract_of, discover
+from conformance.engine.expectations import Expectation, Expectations
+from conformance.engine.global_state import SUITE_THREADS
+from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
+from conformance.plugin.loader import ImplError, load_impls
+from conformance.plugin.outcomes import Cell, OutcomeMatrix, RunInfo
+from conformance.engine.runner import (
     COMPILE_BACKENDS,
     DEFAULT_COMPILE_BACKENDS,
     FAILURE_PROPERTY,
@@ -43,9 +43,9 @@ from conformance.runner import (
     Target,
 )
 from conformance.spec import Spec, SpecError
-from conformance.watchdog import DEFAULT_EXAMPLE_TIMEOUT, FlightRecorder
+from conformance.engine.watchdog import DEFAULT_EXAMPLE_TIMEOUT, FlightRecorder
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/
 _DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # ------------------------------------------------------------------------ options
@@ -231,7 +231,7 @@ def _prepare_devices(config: pytest.Config) -> None:
         # any @triton.jit function is decorated, i.e. before the --impl modules are imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if importlib.util.find_spec("triton") is not None:
-            from conformance.triton_interpreter import install
+            from conformance.engine.triton_interpreter import install
 
             install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
         return
@@ -250,7 +250,7 @@ def _triton_mode() -> str:
         return "not installed"
     if os.environ.get("TRITON_INTERPRET") != "1":
         return "native"
-    from conformance.triton_interpreter import installed
+    from conformance.engine.triton_interpreter import installed
 
     if installed():
         return "interpreted (bfloat16 disabled; libdevice fallbacks and one autotune config per test id)"
@@ -269,7 +269,7 @@ _dtype_expectations_key: pytest.StashKey[tuple[Expectation, ...]] = pytest.Stash
 @dataclasses.dataclass(frozen=True)
 class ContractTest:
     """What one collected contract test checks: put in ``item.stash`` at collection, from the
-    test function's :func:`~conformance.contracts.contract` declaration and its parameter."""
+    test function's :func:`~conformance.engine.contract.contract` declaration and its parameter."""
 
     contract: ContractInfo
     spec: Spec

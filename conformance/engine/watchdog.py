@@ -86,7 +86,7 @@ def phase_marks(
     surrogate: Callable[..., Any] | None,
 ) -> PhaseMarks:
     """The phases of one spec: the user's code (phase label -> function, see
-    :meth:`conformance.adapters.OpAdapter.user_code`), its reference and surrogate."""
+    :meth:`conformance.spec.targets.OpAdapter.user_code`), its reference and surrogate."""
     user: dict[CodeType, str] = {}
     for method, func in user_code.items():
         code = _code_of(func)

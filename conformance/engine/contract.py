@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from strategies.cases import CaseOptions
 
 if TYPE_CHECKING:
-    from conformance.runner import Target
+    from conformance.engine.runner import Target
 
 __all__ = ["CONTRACT_ATTRIBUTE", "SOME_DTYPE", "ContractInfo", "Requirement", "contract", "contract_of", "discover", "float64"]
 
 CONTRACT_ATTRIBUTE = "__conformance_contract__"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/: the contract modules
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,7 +81,7 @@ def contract(
         raise ValueError(f"max_examples={max_examples!r} must be an int >= 1 (or None for the profile's)")
     bad = [r for r in requires if not isinstance(r, Requirement)]
     if bad:
-        raise TypeError(f"requires={bad!r}: each must be a conformance.contracts.Requirement")
+        raise TypeError(f"requires={bad!r}: each must be a conformance.engine.contract.Requirement")
 
     def declare(test: F) -> F:
         if test.__name__ != f"test_{name}":
@@ -109,7 +109,7 @@ def discover() -> dict[str, ContractInfo]:
     """Every contract of the suite, by name: imports each ``conformance/test_*.py``."""
     found: dict[str, ContractInfo] = {}
     for path in sorted(PACKAGE_DIR.glob("test_*.py")):
-        module = importlib.import_module(f"{__package__}.{path.stem}")
+        module = importlib.import_module(f"{PACKAGE_DIR.name}.{path.stem}")
         name = path.stem[len("test_"):]
         info = contract_of(getattr(module, path.stem, None))
         if info is None:

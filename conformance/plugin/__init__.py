@@ -1,0 +1,1 @@
+"""The pytest plugin: options, the session, isolation, verdicts and the reports."""

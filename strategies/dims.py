@@ -1,26 +1,24 @@
-"""Concrete sizes for a spec's symbolic dims, ``*batch`` groups and broadcastable shapes."""
+"""Concrete sizes for a spec's symbolic dims, ``*batch`` groups and broadcastable shapes.
+
+The rules sizes obey (:class:`DimRule`) are spec-language data (:mod:`conformance.spec.dims`);
+this module draws sizes under them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import array_shapes
+
+from conformance.spec.dims import DimRule, check_blocks, rule_order
 
 __all__ = ["BLOCK_SIZES", "DimRule", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
 
 # Typical kernel block widths (Triton BLOCK_*, warp multiples): the sizes around them are where
 # masking and tail-handling bugs live.
 BLOCK_SIZES = (16, 32, 64, 128)
-
-
-def _check_blocks(block_sizes: Sequence[int], *, allow_empty: bool) -> list[int]:
-    blocks = list(block_sizes)
-    if (not blocks and not allow_empty) or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in blocks):
-        raise InvalidArgument(f"block_sizes={block_sizes!r} must be a {'' if allow_empty else 'non-empty '}list of ints >= 2")
-    return blocks
 
 
 def _check_size_bounds(min_size: int, max_size: int) -> None:
@@ -36,7 +34,7 @@ def sizes_near_blocks(*, block_sizes: Sequence[int] = (16, 32)) -> st.SearchStra
     block_sizes: the block sizes to straddle (each >= 2).
     Shrinks towards the first block's ``block - 1``. Example: ``sizes_near_blocks().example() -> 33``.
     """
-    blocks = _check_blocks(block_sizes, allow_empty=False)
+    blocks = check_blocks(block_sizes, allow_empty=False)
     return st.sampled_from([size for b in blocks for size in (b - 1, b, b + 1)])
 
 
@@ -73,83 +71,8 @@ def sizes(
     Example: ``sizes(block_sizes=(64,)).example() -> 65``.
     """
     _check_size_bounds(min_size, max_size)
-    blocks = tuple(_check_blocks(block_sizes, allow_empty=True))
+    blocks = tuple(check_blocks(block_sizes, allow_empty=True))
     return _sizes(min_size, max_size, blocks)
-
-
-@dataclass(frozen=True)
-class DimRule:
-    """What one dim must satisfy (``conformance.Dim`` and ``"d:even"`` shape tokens compile to it).
-
-    min_size / max_size: hard bounds (None: the run's); max_size never cuts a block-boundary
-    size of its own ``block_sizes``. multiple_of: sizes are multiples of it (drawn sizes are
-    rounded up). block_sizes: this dim's block boundaries (None: the run's). at_most: the name
-    of another dim this one never exceeds (a top-k ``k <= n``).
-    """
-
-    min_size: int | None = None
-    max_size: int | None = None
-    multiple_of: int = 1
-    block_sizes: tuple[int, ...] | None = None
-    at_most: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("min_size", "max_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InvalidArgument(f"{name}={value!r} must be an int >= 0 or None")
-        if self.min_size is not None and self.max_size is not None and self.max_size < self.min_size:
-            raise InvalidArgument(f"max_size={self.max_size!r} must be >= min_size={self.min_size!r}")
-        if isinstance(self.multiple_of, bool) or not isinstance(self.multiple_of, int) or self.multiple_of < 1:
-            raise InvalidArgument(f"multiple_of={self.multiple_of!r} must be an int >= 1")
-        if self.block_sizes is not None:
-            _check_blocks(self.block_sizes, allow_empty=True)
-        if self.max_size is not None and self.max_size < self.smallest(1):
-            raise InvalidArgument(
-                f"max_size={self.max_size!r} leaves no multiple of {self.multiple_of} >= min_size={self.min_size!r}"
-            )
-
-    def smallest(self, run_min: int) -> int:
-        """The smallest legal size under the run's ``min_size``."""
-        low = self.min_size if self.min_size is not None else run_min
-        return _round_up(low, self.multiple_of)
-
-    def fit(self, size: int, *, run_min: int, limit: int | None = None) -> int:
-        """``size`` made legal: rounded up to a multiple, at least the minimum, at most
-        ``max_size`` and ``limit`` (the ``at_most`` dim's size), rounded down to a multiple there;
-        where the bounds conflict (``limit`` below the minimum) the minimum wins."""
-        low = self.smallest(run_min)
-        size = max(_round_up(size, self.multiple_of), low)
-        high = min(x for x in (self.max_size, limit, size) if x is not None)
-        return max(high - high % self.multiple_of, low)
-
-
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
-
-
-def _rule_order(names: tuple[str, ...], rules: Mapping[str, DimRule]) -> tuple[str, ...]:
-    """``names`` with every dim after the dim it is bounded by (``at_most``)."""
-    ordered: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in ordered:
-            return
-        if name in visiting:
-            raise InvalidArgument(f"dims {sorted(visiting)} bound each other in a cycle (at_most)")
-        visiting.add(name)
-        bound = rules[name].at_most if name in rules else None
-        if bound is not None:
-            if bound not in names:
-                raise InvalidArgument(f"dim {name!r} is at most {bound!r}, which is not one of the dims {list(names)}")
-            visit(bound)
-        visiting.discard(name)
-        ordered.append(name)
-
-    for name in names:
-        visit(name)
-    return tuple(ordered)
 
 
 @st.composite
@@ -164,7 +87,7 @@ def _dim_sizes(
 ) -> dict[str, int]:
     by_name = dict(rules)
     drawn: dict[str, int] = {}
-    for name in _rule_order(names, by_name):
+    for name in rule_order(names, by_name):
         rule = by_name.get(name, DimRule())
         low = rule.smallest(min_size)
         high = max_size if rule.max_size is None else max(low, min(max_size, rule.max_size))
@@ -207,7 +130,7 @@ def dim_sizes(
     Example: ``dim_sizes(["n", "d"], rules={"d": DimRule(multiple_of=2)}).example() -> {'n': 3, 'd': 18}``.
     """
     _check_size_bounds(min_size, max_size)
-    blocks = tuple(_check_blocks(block_sizes, allow_empty=True))
+    blocks = tuple(check_blocks(block_sizes, allow_empty=True))
     if isinstance(names, str) or len(set(names)) != len(list(names)):
         raise InvalidArgument(f"names={names!r} must be a sequence of distinct dim names")
     given = dict(rules or {})
@@ -217,7 +140,7 @@ def dim_sizes(
     for name, rule in given.items():
         if not isinstance(rule, DimRule):
             raise InvalidArgument(f"rules[{name!r}]={rule!r} must be a DimRule")
-    _rule_order(tuple(names), given)  # a bad at_most is an error now, not at draw time
+    rule_order(tuple(names), given)  # a bad at_most is an error now, not at draw time
     return _dim_sizes(tuple(names), min_size, max_size, blocks, bool(unique), tuple(given.items()))
 
 

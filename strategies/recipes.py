@@ -3,8 +3,8 @@
 A recipe holds only what was drawn (shape, seed, kind, ...), never tensors. It builds fresh
 values in any dtype/device (:meth:`Recipe.build`), writes Python that rebuilds them for a repro
 snippet (:meth:`Recipe.source`) and describes itself in one line (:meth:`Recipe.describe`). The
-spec's input classes (``conformance.spec``) draw them; a new input kind is one input class and
-one recipe class.
+drawing functions of :mod:`strategies.draw` make them, one per input kind of ``conformance.spec``;
+a new input kind is one input class, one drawing function and one recipe class.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from hypothesis.errors import InvalidArgument
 
+from strategies.layouts import apply_layout
 from strategies.values import (
     additive_mask_from_seed,
     index_from_seed,
@@ -88,7 +89,7 @@ class FloatingRecipe(Recipe):
     """A floating tensor in a memory layout (Tensor, Derived): the layout contracts change its
     ``layout``, and backward may return a gradient for it (for other kinds it must return None)."""
 
-    shape: tuple[int, ...] = ()  # type: ignore[assignment]
+    shape: tuple[int, ...] = ()
     seed: int = 0
     layout: str = "contiguous"
 
@@ -112,8 +113,6 @@ class TensorRecipe(FloatingRecipe):
         return True
 
     def build(self, dtype: torch.dtype, device: str, *, spec_input: Any = None, earlier: Mapping[str, Any] | None = None) -> Any:
-        from strategies.cases import apply_layout
-
         tensor = tensor_from_seed(
             self.shape, dtype, seed=self.seed, domain=self.domain, scale=self.scale,
             device=device, constant_rows=self.constant_rows, pattern=self.pattern,
@@ -142,7 +141,7 @@ class TensorRecipe(FloatingRecipe):
 class MaskRecipe(Recipe):
     """A boolean mask (``True`` = keep) of a kind (:func:`strategies.values.mask_from_seed`)."""
 
-    shape: tuple[int, ...] = ()  # type: ignore[assignment]
+    shape: tuple[int, ...] = ()
     seed: int = 0
     mask_kind: str = "random"
     density: float = 0.7
@@ -184,7 +183,7 @@ class AdditiveMaskRecipe(MaskRecipe):
 class IndexRecipe(Recipe):
     """An int64 index tensor in ``[0, high)``; a ``sentinel_fraction`` of it set to ``sentinels``."""
 
-    shape: tuple[int, ...] = ()  # type: ignore[assignment]
+    shape: tuple[int, ...] = ()
     seed: int = 0
     high: int = 1
     sentinels: tuple[int, ...] = ()
@@ -293,8 +292,6 @@ class DerivedRecipe(FloatingRecipe):
         return self.requires_grad
 
     def build(self, dtype: torch.dtype, device: str, *, spec_input: Any = None, earlier: Mapping[str, Any] | None = None) -> Any:
-        from strategies.cases import apply_layout
-
         if spec_input is None or not callable(getattr(spec_input, "fn", None)):
             raise InvalidArgument(f"Derived input {self.name!r} needs its spec input (the function) to be built")
         value = derived_from_seed(

@@ -134,7 +134,7 @@ def tensor_from_seed(
     elif domain == "unit":
         values = 0.05 + 0.9 * uniform
     else:
-        low, high = float(domain[0]), float(domain[1])  # type: ignore[index]
+        low, high = float(domain[0]), float(domain[1])
         values = low + (high - low) * (0.05 + 0.9 * uniform)
     if pattern == "ties":
         # Snap to 4 levels per unit of scale: keeps the domain (levels stay inside it).
@@ -168,7 +168,7 @@ def _drawn_bounds(domain: Domain, scale: float) -> tuple[float, float, tuple[tup
         return -math.inf, math.inf, ((-0.25 * scale, 0.25 * scale),)
     if domain == "unit":
         return 0.05, 0.95, ()
-    low, high = float(domain[0]), float(domain[1])  # type: ignore[index]
+    low, high = float(domain[0]), float(domain[1])
     return low + 0.05 * (high - low), low + 0.95 * (high - low), ()
 
 

@@ -92,7 +92,7 @@ class OpAdapter(Protocol):
 def _import_lines(module: str, name: str, source_file: str) -> list[str]:
     """Lines binding ``name`` from ``module`` (a file loaded by path is imported by its path)."""
     if module.startswith("_conformance_impl_") and source_file:
-        return ["from conformance.plugin.loader import import_path", f"{name} = import_path({source_file!r}).{name}"]
+        return ["from conformance.engine.loader import import_path", f"{name} = import_path({source_file!r}).{name}"]
     return [f"from {module} import {name}"]
 
 
@@ -134,7 +134,7 @@ class FunctionAdapter:
         return self.function.__module__
 
     def call(self, *args: Any) -> Any:
-        return self.function.apply(*args)
+        return self.function.apply(*args)  # type: ignore[no-untyped-call]  # torch does not annotate Function.apply
 
     def arity(self) -> tuple[int, float] | None:
         return positional_arity(self.function.forward, skip=0 if uses_setup_context(self.function) else 1)
@@ -237,7 +237,7 @@ class CustomOpAdapter:
             return _import_lines(self.module, name, source_file), name
         namespace, opname = self.display_name.split("::")
         if self.module.startswith("_conformance_impl_") and source_file:
-            lines = ["from conformance.plugin.loader import import_path", f"import_path({source_file!r})  # registers {self.display_name}"]
+            lines = ["from conformance.engine.loader import import_path", f"import_path({source_file!r})  # registers {self.display_name}"]
         else:
             lines = [f"import {self.module}  # registers {self.display_name}"]
         return lines, f"torch.ops.{namespace}.{opname}"

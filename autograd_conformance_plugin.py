@@ -5,15 +5,19 @@ installed in, so it must cost nothing and break nothing in runs that do not use 
 neither torch nor the suite's packages (``conformance``, ``strategies``, ``reference_ops`` --
 generic names a user's project may also have), only adds its options, and hides the contract
 test modules from collection. A run that names the suite (a path inside ``conformance/``,
-``--pyargs conformance``) or passes ``--impl`` activates it: then the suite is imported and a
-:class:`conformance.plugin.session.ConformanceSession` takes over.
+``--pyargs conformance``) or passes ``--impl`` activates it: its option values are read once
+(:func:`read_values`, from the table :data:`OPTIONS`), then the suite is imported and a
+:class:`conformance.plugin.session.ConformanceSession` takes over with them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
 
 import pytest
 
@@ -21,10 +25,24 @@ import pytest
 PLUGIN_ROOT = Path(__file__).resolve().parent
 SUITE_PACKAGES = ("conformance", "strategies")  # reference_ops is optional (a vendored copy may omit it)
 DEFAULT_IMPL = "reference_ops"
+CONTRACT_FIXTURE = "conformance_target"
+
+# The run's vocabularies, kept here once: this module cannot import the suite, and the suite
+# receives the values it parses.
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
-PROFILE_NAMES = ("dev", "ci", "thorough")  # conformance/profiles.py holds their settings
-CONTRACT_FIXTURE = "conformance_target"
+# torch.compile backends the compile contract knows how to judge (--compile-backends).
+COMPILE_BACKENDS = ("aot_eager", "inductor", "eager")
+# Hypothesis settings per --profile. Every profile is seeded per test (the same --seed gives the
+# same examples and verdicts on any machine) and runs without an example database (a failure
+# replayed from one machine's history would make verdicts depend on it); they differ in how
+# hard they look.
+PROFILES: Mapping[str, Mapping[str, int | bool]] = MappingProxyType({
+    "dev": MappingProxyType({"max_examples": 5}),  # the local loop: a first verdict fast
+    "ci": MappingProxyType({"max_examples": 10, "derandomize": True}),  # fixed count, printed seed: what CI gates on
+    "thorough": MappingProxyType({"max_examples": 100}),  # before a release, or after touching a backward
+})
+PROFILE_NAMES = tuple(PROFILES)
 
 _active_key = pytest.StashKey[bool]()
 _root_key = pytest.StashKey[Path]()
@@ -49,123 +67,196 @@ def _package_dir(config: pytest.Config) -> Path:
     return root / "conformance"
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("conformance", "autograd-conformance (contract tests for torch.autograd.Function)")
+OptionValue = str | int | float | bool | tuple[str, ...] | None
+OptionKind = Literal["str", "int", "float", "list", "flag"]
 
-    def option(name: str, ini: str, help_text: str, **kwargs: Any) -> None:
-        group.addoption(name, dest=ini, default=None, help=f"{help_text} (ini: {ini})", **kwargs)
-        parser.addini(ini, help_text, default=None)
 
-    option(
-        "--impl",
-        "conformance_impl",
-        "comma-separated modules or paths to .py files whose register() calls are tested; "
-        f"default {DEFAULT_IMPL}. Module names are also looked up in the directory pytest runs in "
-        "and the rootdir, so an uninstalled project works",
-        metavar="MODULES",
-    )
-    option(
-        "--device",
-        "conformance_device",
+@dataclass(frozen=True)
+class Option:
+    """One option of the suite: its flag, its ini key, how its value is read and what it means.
+
+    ``kind`` is ``str``, ``int``, ``float``, ``list`` (comma-separated) or ``flag`` (no value on
+    the command line; true/yes/1 in an ini file). ``choices`` restricts a ``str`` or the items
+    of a ``list``. ``example`` is what error messages suggest; ``unset`` what leaving the option
+    out means (``help`` ends with it).
+    """
+
+    flag: str
+    kind: OptionKind
+    help: str
+    default: OptionValue = None
+    choices: tuple[str, ...] = ()
+    metavar: str = ""
+    example: str = ""
+    unset: str = ""
+
+    @property
+    def name(self) -> str:
+        """The key of its value in :func:`read_values`' result (the flag without dashes)."""
+        return self.flag.removeprefix("--").removeprefix("conformance-").replace("-", "_")
+
+    @property
+    def ini(self) -> str:
+        return f"conformance_{self.name}"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--impl", "str",
+        "comma-separated modules or paths to .py files whose register() calls are tested. Module names are "
+        "also looked up in the directory pytest runs in and the rootdir, so an uninstalled project works",
+        default=DEFAULT_IMPL, metavar="MODULES", example="--impl=mypkg or --impl=path/to/specs.py",
+        unset=f"the bundled {DEFAULT_IMPL}",
+    ),
+    Option(
+        "--device", "str",
         "auto (cpu, plus cuda tests reported as not run here when CUDA is absent), cpu, or cuda "
-        "(a usage error when CUDA is not usable); default auto",
-        metavar="DEVICE",
-    )
-    option(
-        "--gpus-per-worker",
-        "conformance_gpus_per_worker",
+        "(a usage error when CUDA is not usable)",
+        default="auto", choices=DEVICE_CHOICES, metavar="DEVICE", example="--device=cpu", unset="auto",
+    ),
+    Option(
+        "--gpus-per-worker", "int",
         "under pytest-xdist with CUDA: how many visible GPUs each worker gets (worker gwN is pinned to "
-        "the first of its own); default 1",
-        metavar="N",
-    )
-    option(
-        "--max-examples",
-        "conformance_max_examples",
-        "Hypothesis examples per test; overrides the profile's",
-        metavar="N",
-    )
-    option(
-        "--profile",
-        "conformance_profile",
-        f"Hypothesis settings profile: {', '.join(PROFILE_NAMES)}; default dev",
-        metavar="NAME",
-    )
-    option(
-        "--seed",
-        "conformance_seed",
-        "base seed for every property (same seed => same examples and verdicts); default 0",
-        metavar="N",
-    )
-    option(
-        "--dtypes",
-        "conformance_dtypes",
-        f"comma-separated dtypes to test, from {', '.join(DTYPE_NAMES)}; default every dtype the spec lists",
-        metavar="DTYPES",
-    )
-    option(
-        "--contracts",
-        "conformance_contracts",
-        "comma-separated contracts to run (e.g. gradcheck,grad_meta); default all",
-        metavar="NAMES",
-    )
-    option(
-        "--skip-contracts",
-        "conformance_skip_contracts",
-        "comma-separated contracts to leave out",
-        metavar="NAMES",
-    )
-    option(
-        "--expectations",
-        "conformance_expectations",
+        "the first of its own)",
+        default=1, metavar="N", example="--gpus-per-worker=1", unset="1",
+    ),
+    Option(
+        "--max-examples", "int", "Hypothesis examples per test; overrides the profile's",
+        metavar="N", example="--max-examples=20", unset="the profile's",
+    ),
+    Option(
+        "--profile", "str", f"Hypothesis settings profile: {', '.join(PROFILE_NAMES)}",
+        default="dev", choices=PROFILE_NAMES, metavar="NAME", example="--profile=ci", unset="dev",
+    ),
+    Option(
+        "--seed", "int", "base seed for every property (same seed => same examples and verdicts)",
+        default=0, metavar="N", example="--seed=0", unset="seed 0",
+    ),
+    Option(
+        "--dtypes", "list", f"comma-separated dtypes to test, from {', '.join(DTYPE_NAMES)}",
+        default=(), choices=DTYPE_NAMES, metavar="DTYPES", example="--dtypes=float32,bfloat16",
+        unset="every dtype the spec lists",
+    ),
+    Option(
+        "--contracts", "list", "comma-separated contracts to run (e.g. gradcheck,grad_meta)",
+        default=(), metavar="NAMES", example="--contracts=gradcheck,grad_meta", unset="every contract",
+    ),
+    Option(
+        "--skip-contracts", "list", "comma-separated contracts to leave out",
+        default=(), metavar="NAMES", example="--skip-contracts=gradgradcheck", unset="none skipped",
+    ),
+    Option(
+        "--expectations", "str",
         "JSON file of known deviations, {\"contract[name-device]\": \"reason\"} or a list of "
         "{contract, function, device, dtype, reason} objects: those tests xfail with the reason; "
         "entries that match no test or pass are reported as stale",
-        metavar="FILE",
-    )
-    option(
-        "--strict-expectations",
-        "conformance_strict_expectations",
+        metavar="FILE", example="--expectations=expectations.json", unset="no expectations",
+    ),
+    Option(
+        "--strict-expectations", "flag",
         "fail the run on a stale expectation (one that matches no test, or whose test passed)",
-        action="store_const",
-        const="true",
-    )
-    option(
-        "--example-timeout",
-        "conformance_example_timeout",
+        default=False,
+    ),
+    Option(
+        "--example-timeout", "float",
         "seconds one example may run before it fails as a hang naming the phase (forward, backward, "
-        "reference, gradcheck); 0 for no limit; a spec's register(..., timeout=) overrides it; default 300",
-        metavar="SECONDS",
-    )
-    option(
-        "--threads",
-        "conformance_threads",
+        "reference, gradcheck); 0 for no limit; a spec's register(..., timeout=) overrides it",
+        default=300.0, metavar="SECONDS", example="--example-timeout=60", unset="300",
+    ),
+    Option(
+        "--threads", "int",
         "torch intra-op threads the suite's evaluations run with; the suite's tensors are small, so "
-        "more threads only spin; the previous setting is put back when the run ends; default 1",
-        metavar="N",
-    )
-    option(
-        "--compile-backends",
-        "conformance_compile_backends",
+        "more threads only spin; the previous setting is put back when the run ends",
+        default=1, metavar="N", example="--threads=1", unset="1",
+    ),
+    Option(
+        "--compile-backends", "list",
         "comma-separated torch.compile backends the compile contract checks (fullgraph=True): aot_eager "
-        "(the default: AOTAutograd's graphs run eagerly, seconds per Function) and/or inductor (generated "
+        "(AOTAutograd's graphs run eagerly, seconds per Function) and/or inductor (generated "
         "kernels: a C++ compiler on CPU, ~15 s for the first Function)",
-        metavar="NAMES",
-    )
-    option(
-        "--isolate",
-        "conformance_isolate",
+        default=("aot_eager",), choices=COMPILE_BACKENDS, metavar="NAMES",
+        example="--compile-backends=aot_eager,inductor", unset="aot_eager",
+    ),
+    Option(
+        "--isolate", "flag",
         "run every contract test in a forked child process, so a Function that exits the process or "
         "segfaults fails its test (with its case) and the run goes on; CPU only (use -n N for CUDA)",
-        action="store_const",
-        const="true",
-    )
-    option(
-        "--conformance-report",
-        "conformance_report",
+        default=False,
+    ),
+    Option(
+        "--conformance-report", "str",
         "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "
         "reasons and repro scripts (written to PATH.repro/)",
-        metavar="PATH",
-    )
+        metavar="PATH", example="--conformance-report=reports/conformance", unset="no report",
+    ),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "autograd-conformance (contract tests for torch.autograd.Function)")
+    for option in OPTIONS:
+        help_text = f"{option.help}; default {option.unset}" if option.unset else option.help
+        if option.kind == "flag":
+            group.addoption(option.flag, dest=option.ini, action="store_true", default=None, help=f"{help_text} (ini: {option.ini})")
+            parser.addini(option.ini, help_text, default=None)
+        else:
+            group.addoption(option.flag, dest=option.ini, default=None, metavar=option.metavar, help=f"{help_text} (ini: {option.ini})")
+            parser.addini(option.ini, help_text, default=None)
+
+
+class _Settings(Protocol):
+    def getoption(self, name: str, default: Any = ...) -> Any: ...
+
+    def getini(self, name: str) -> Any: ...
+
+
+def read_values(config: _Settings) -> dict[str, OptionValue]:
+    """Every option's value by :attr:`Option.name`: the command line's, else the ini file's, else the
+    default; converted by kind and checked against its choices. Raises :class:`pytest.UsageError`
+    that echoes the bad value (an empty value on the command line is one: `--impl=$IMPL` with
+    IMPL unset must not quietly mean the default)."""
+    return {option.name: _read(config, option) for option in OPTIONS}
+
+
+def _read(config: _Settings, option: Option) -> OptionValue:
+    given = config.getoption(option.ini, default=None)
+    if option.kind == "flag":
+        if given is not None:
+            return bool(given)
+        configured = config.getini(option.ini)
+        return str(configured).strip().lower() in ("1", "true", "yes") if configured else bool(option.default)
+    if given is not None and not str(given).replace(",", " ").strip():
+        raise pytest.UsageError(
+            f"{option.flag} is empty ({option.flag}={given!r}; an unset variable?); pass e.g. {option.example}, "
+            f"or leave {option.flag} out for the default ({option.unset})"
+        )
+    raw = given if given is not None else config.getini(option.ini)
+    if raw is None or str(raw).strip() == "":
+        return option.default
+    return _convert(option, str(raw))
+
+
+def _convert(option: Option, raw: str) -> OptionValue:
+    flag, example = option.flag, option.example
+    if option.kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise pytest.UsageError(f"{flag}={raw!r} is not an integer; pass e.g. {example}") from None
+    if option.kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise pytest.UsageError(f"{flag}={raw!r} is not a number; pass e.g. {example}") from None
+    if option.kind == "list":
+        items = tuple(dict.fromkeys(item.strip() for item in raw.split(",") if item.strip()))
+        unknown = [item for item in items if option.choices and item not in option.choices]
+        if unknown:
+            raise pytest.UsageError(f"{flag}: unknown {unknown}; choose from {', '.join(option.choices)}, e.g. {example}")
+        return items
+    if option.choices and raw not in option.choices:
+        raise pytest.UsageError(f"{flag}={raw!r} is not one of {', '.join(option.choices)}; pass e.g. {example}")
+    return raw
 
 
 def targets_the_suite(config: pytest.Config) -> bool:
@@ -211,9 +302,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not active:
         return  # inert: nothing imported, contract modules hidden from collection
     check_suite_imports(_package_dir(config).parent)
+    values = read_values(config)  # parsed once here, typed and checked by conformance.plugin.options
     from conformance.plugin.session import activate
 
-    activate(config)
+    activate(config, values)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

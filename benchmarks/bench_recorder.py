@@ -12,15 +12,15 @@ property that Target.run hands to Hypothesis). Figure 4 reads them.
 evaluation primitive made inside a test is timed, and the replayable ones are recorded with
 their arguments (the Case objects and references to the tensors they were given):
 
-* ``conformance.engine.harness.execute`` -> replayed as the Function's plain ``apply`` on inputs built
+* ``conformance.engine.evaluate.execute`` -> replayed as the Function's plain ``apply`` on inputs built
   from the same Case (same dtype/device/requires_grad), then ``torch.autograd.grad`` with the very
   grad_output tensors the suite used (no probe, no kept_flags, no callbacks);
-* ``conformance.engine.harness.run_reference`` -> the same func on inputs built from the Case, and
+* ``conformance.engine.evaluate.run_reference`` -> the same func on inputs built from the Case, and
   ``torch.autograd.grad`` with the same grad_outputs;
 * ``conformance.engine.numerics.evaluate_spec`` -> the spec's reference (and surrogate) on fresh leaf
   copies of the same argument tensors, then ``torch.autograd.grad`` (no term-bound tracking);
 * ``torch.autograd.gradcheck`` / ``gradgradcheck`` called on a closure made by
-  ``conformance.engine.harness.function_of_tensors`` -> the same call (same inputs, grad_outputs and
+  ``conformance.engine.evaluate.function_of_tensors`` -> the same call (same inputs, grad_outputs and
   keyword arguments) on a bare closure: the unprobed Function's ``apply`` on the same fixed
   arguments, no clones;
 * a direct call of such a closure (a forward only) -> the bare closure on the same tensors.
@@ -110,7 +110,7 @@ def _patch(owner: Any, name: str, wrapper: Any) -> None:
 
 
 def _rebind_imported_names() -> None:
-    """``from conformance.engine.harness import execute`` made before the patch holds the original:
+    """``from conformance.engine.evaluate import execute`` made before the patch holds the original:
     point such module-level names of the suite's modules at the wrappers too."""
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "conformance" or module_name.startswith(("conformance.", "strategies."))):
@@ -161,16 +161,16 @@ def _timed(kind: str, call: Callable[[], Any], record: Callable[[Any, float], tu
 def _install() -> None:
     import torch
 
-    from conformance.engine import harness, numerics
+    from conformance.engine import evaluate, numerics
 
-    execute_sig = inspect.signature(harness.execute)
-    reference_sig = inspect.signature(harness.run_reference)
+    execute_sig = inspect.signature(evaluate.execute)
+    reference_sig = inspect.signature(evaluate.run_reference)
     evaluate_sig = inspect.signature(numerics.evaluate_spec)
-    fot_sig = inspect.signature(harness.function_of_tensors)
+    fot_sig = inspect.signature(evaluate.function_of_tensors)
     gradcheck_sig = inspect.signature(torch.autograd.gradcheck)
     gradgradcheck_sig = inspect.signature(torch.autograd.gradgradcheck)
-    execute, run_reference, evaluate_spec = harness.execute, harness.run_reference, numerics.evaluate_spec
-    function_of_tensors = harness.function_of_tensors
+    execute, run_reference, evaluate_spec = evaluate.execute, evaluate.run_reference, numerics.evaluate_spec
+    function_of_tensors = evaluate.function_of_tensors
     gradcheck, gradgradcheck = torch.autograd.gradcheck, torch.autograd.gradgradcheck
     grad, backward = torch.autograd.grad, torch.autograd.backward
 
@@ -236,9 +236,9 @@ def _install() -> None:
             return apply_original(cls, *args, **kwargs)
         return _timed("Function.apply (direct)", lambda: apply_original(cls, *args, **kwargs), lambda _, __: None)
 
-    _patch(harness, "execute", execute_wrapper)
-    _patch(harness, "run_reference", reference_wrapper)
-    _patch(harness, "function_of_tensors", fot_wrapper)
+    _patch(evaluate, "execute", execute_wrapper)
+    _patch(evaluate, "run_reference", reference_wrapper)
+    _patch(evaluate, "function_of_tensors", fot_wrapper)
     _patch(numerics, "evaluate_spec", evaluate_wrapper)
     _patch(torch.autograd, "gradcheck", check_wrapper("gradcheck", gradcheck, gradcheck_sig))
     _patch(torch.autograd, "gradgradcheck", check_wrapper("gradgradcheck", gradgradcheck, gradgradcheck_sig))

@@ -4,7 +4,7 @@ Run by benchmarks/run.py in a subprocess (``python benchmarks/gradcheck_cost.py 
 --repeats 3``); prints one JSON object. For each input numel n it builds the Case the contract
 would draw for a one-input elementwise Function (``square`` from reference_ops: x of shape (n,),
 float64, values kept FD_SPACING apart like the contract's), wraps it with
-``conformance.engine.harness.function_of_tensors`` (the probed, shielded closure the contract passes to
+``conformance.engine.evaluate.function_of_tensors`` (the probed, shielded closure the contract passes to
 gradcheck) and times ``torch.autograd.gradcheck`` with the contract's own arguments: eps=FD_EPS,
 fast mode with FAST_ATOL/FAST_RTOL when in+out numel > FAST_MODE_ELEMENTS, else slow mode with
 SLOW_ATOL/SLOW_RTOL (the constants are read from conformance/test_gradcheck.py). With
@@ -51,8 +51,9 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(1)
     import reference_ops  # noqa: F401  (registers the specs)
-    from conformance import test_gradcheck as contract
-    from conformance.engine.harness import FD_EPS, FD_SPACING, function_of_tensors
+    from conformance.engine import finite_differences as contract
+    from conformance.engine.evaluate import function_of_tensors
+    from conformance.engine.finite_differences import FD_EPS, FD_SPACING
     from conformance.spec import registered
 
     spec = next(s for s in registered() if s.name == options.function)
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
         call = function_of_tensors(case, args, [0])
         with torch.no_grad():
             out_numel = sum(o.numel() for o in call(*wrt))
-        suite_fast = numel + out_numel > contract.FAST_MODE_ELEMENTS
+        suite_fast = numel + out_numel > contract.GRADCHECK_FAST_MODE_ELEMENTS
         modes = [suite_fast] + ([False] if suite_fast and numel <= options.slow_up_to else [])
         row: dict[str, Any] = {"numel": numel, "in_out_numel": numel + out_numel, "suite_mode": "fast" if suite_fast else "slow"}
         for fast in modes:
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
         rows.append(row)
     print(json.dumps({
         "function": options.function,
-        "threshold": contract.FAST_MODE_ELEMENTS,
+        "threshold": contract.GRADCHECK_FAST_MODE_ELEMENTS,
         "threads": torch.get_num_threads(),
         "rows": rows,
     }))

@@ -29,9 +29,9 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, random_state
-from conformance.engine.numerics import Evaluated, Judged, evaluate, judge_against_truth, judged_grads, strict_float32, upcast
-from conformance.engine.probe import probe
+from conformance.engine.evaluate import evaluate, forward, gradients
+from conformance.engine.harness import differentiable_positions, random_state
+from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, truth_and_baseline
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
@@ -60,21 +60,6 @@ def _loses_precision(returned: torch.dtype, wanted: torch.dtype) -> bool:
     return got.eps > want.eps or got.max < want.max
 
 
-def _backward_outside(func: Any, args: list[Any], names: list[str], low: torch.dtype, device: str, grad_outputs: dict[int, torch.Tensor]) -> Evaluated:
-    """``func`` forward under autocast, backward outside it."""
-    with torch.autocast(device_type=device, dtype=low):
-        outputs = as_tuple(func(*args))
-    positions = [p for p in differentiable_positions(outputs) if p in grad_outputs]
-    wrt = [(n, a) for n, a in zip(names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not positions or not wrt:
-        return Evaluated(outputs, {})
-    found = torch.autograd.grad(
-        [outputs[p] for p in positions], [a for _, a in wrt],
-        [grad_outputs[p].to(outputs[p].dtype) for p in positions], allow_unused=True,
-    )
-    return Evaluated(outputs, dict(zip([n for n, _ in wrt], found)))
-
-
 def check_autocast(target: Target, data: st.DataObject) -> None:
     spec = target.spec
     device = target.device
@@ -97,12 +82,12 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     args = build(case)
     given = ", ".join(f"{names[p]}: {str(args[p].dtype).removeprefix('torch.')}" for p in floating) or "no floating inputs"
     where = f"{spec.display_name} under torch.autocast({device!r}, dtype={low_name}), inputs {given}"
-    probed, recorder = probe(spec.fn, allocations=allocation_policy(spec))
-    with random_state(spec, case), torch.autocast(device_type=device, dtype=low):
+    with random_state(spec, case):
         try:
-            outputs = as_tuple(probed.apply(*forward_args(case, args)))
+            called = forward(case, args, autocast=(device, low))
         except Exception as error:
             fail(f"forward raised {type(error).__name__} under autocast, but should run [{where}]", f"{type(error).__name__}: {error}")
+    outputs, recorder = called.outputs, called.recorder
     positions = differentiable_positions(outputs)
     grad_outputs = dict(zip(positions, case.grad_outputs([outputs[p] for p in positions])))
     wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -110,7 +95,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
         target.not_checked("no output carries a gradient back to an input under autocast")
         return
     try:
-        found = torch.autograd.grad([outputs[p] for p in positions], [args[p] for p in wrt], [grad_outputs[p] for p in positions], allow_unused=True)
+        found = gradients([outputs[p] for p in positions], [args[p] for p in wrt], [grad_outputs[p] for p in positions])
     except Exception as error:
         fail(
             f"backward raised {type(error).__name__} after a forward under autocast, but should run [{where}; backward "
@@ -131,12 +116,12 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
             )
     grads = dict(zip([names[p] for p in wrt], found))
     pristine = build(case)
-    grads64 = {p: upcast(g) for p, g in grad_outputs.items()}
     try:
-        with strict_float32(), random_state(spec, case):
-            truth = evaluate(spec.reference, [upcast(a) for a in pristine], names, grads64)
-        with random_state(spec, case):
-            baseline = _backward_outside(spec.reference, pristine, names, low, device, grad_outputs)
+        # The baseline: the reference under the same autocast, backward outside it.
+        truth, baseline = truth_and_baseline(spec, case, lambda cast, exact: evaluate(
+            spec.reference, [cast(a) for a in pristine], names, {p: cast(g) for p, g in grad_outputs.items()},
+            autocast=None if exact else (device, low),
+        ))
     except Exception as error:
         target.not_checked(f"the spec's reference does not run under autocast with these inputs ({type(error).__name__})")
         return

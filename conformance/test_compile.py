@@ -26,22 +26,15 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance.spec.targets import CustomOpAdapter
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.harness import as_tuple, differentiable_positions, forward_args, preflight, random_state
-from conformance.engine.numerics import (
-    Evaluated,
-    Judged,
-    evaluate_spec,
-    judge_against_truth,
-    judged_grads,
-    strict_float32,
-    upcast,
-)
+from conformance.engine.evaluate import Evaluated, outputs_and_grads, preflight
+from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
+from conformance.engine.torch_text import dynamo_refuses_jvp
 from conformance.engine.triton_interpreter import interpreting, uses_triton
+from conformance.spec.targets import CustomOpAdapter
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
 
@@ -107,29 +100,6 @@ class ExpectedRecompiles:
         return all((graph.sizes[i] == graph.sizes[j]) == (call.sizes[i] == call.sizes[j]) for i in duck for j in duck)
 
 
-def _run(func: Callable[..., Any], case: Case, grad_outputs: dict[int, torch.Tensor] | None) -> tuple[Evaluated, dict[int, torch.Tensor]]:
-    """Outputs and gradients of ``func`` on fresh inputs; grad_outputs drawn for the first call
-    (the eager one) and given to the next."""
-    args = case.args()
-    names = [r.name for r in case.recipes]
-    with random_state(case.spec, case):
-        outputs = as_tuple(func(*forward_args(case, args)))
-        if grad_outputs is None:
-            positions = differentiable_positions(outputs)
-            grad_outputs = dict(zip(positions, case.grad_outputs([outputs[p] for p in positions])))
-        wrt = [(n, a) for n, a in zip(names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        positions = [p for p in differentiable_positions(outputs) if p in grad_outputs]
-        grads: dict[str, torch.Tensor | None] = {}
-        if wrt and positions:
-            found = torch.autograd.grad(
-                [outputs[p] for p in positions], [a for _, a in wrt], [grad_outputs[p] for p in positions], allow_unused=True
-            )
-            grads = {n: g for (n, _), g in zip(wrt, found)}
-        elif wrt and grad_outputs:
-            grads = {n: None for n, _ in wrt}  # outputs detached from the graph: no gradient reaches any input
-    return Evaluated(outputs, grads), grad_outputs
-
-
 def _bitwise_equal(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return a == b if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) else False
@@ -167,10 +137,7 @@ def _compare(target: Target, case: Case, eager: Evaluated, compiled: Evaluated, 
     spec = target.spec
     names = [r.name for r in case.recipes]
     pristine = case.args()
-    with strict_float32(), random_state(spec, case):
-        truth = evaluate_spec(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
-    with random_state(spec, case):
-        baseline = evaluate_spec(spec, pristine, names, grad_outputs)
+    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     verdict = judge_against_truth(spec, case.dtype, _judged(compiled, truth, baseline, where, pristine, names))
     if verdict is None:
         return
@@ -188,7 +155,7 @@ def _trace_failure(target: Target, error: BaseException, backend: str, case: Cas
     """Report what compiling raised: Dynamo's reason for a graph break, else the error."""
     where = f"{target.spec.display_name}, torch.compile(fullgraph=True, backend={backend!r}), {str(case.dtype).removeprefix('torch.')}"
     text = " ".join(str(error).split())
-    if target.spec.op.declares("jvp") and "jvp" in text:
+    if target.spec.op.declares("jvp") and dynamo_refuses_jvp(text):
         target.not_checked(
             "Dynamo cannot trace an autograd.Function that defines a jvp staticmethod (torch "
             f"{torch.__version__}: {text[:160]}); without fullgraph it runs that Function eagerly"
@@ -239,9 +206,9 @@ def check_compile(target: Target, data: st.DataObject) -> None:
         for index, case in enumerate(drawn):
             if target.context is not None:
                 target.context.use_case(case)
-            eager, grad_outputs = _run(call, case, None)
+            eager, grad_outputs = outputs_and_grads(call, case, None)
             try:
-                compiled, _ = _run(compiled_call, case, grad_outputs)
+                compiled, _ = outputs_and_grads(compiled_call, case, grad_outputs)
             except Exception as error:
                 _trace_failure(target, error, backend_name, case)
                 return

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import execute
+from conformance.engine.evaluate import execute
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
 

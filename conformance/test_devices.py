@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import Execution, execute, run_reference
+from conformance.engine.evaluate import execute, run_reference
+from conformance.engine.harness import Execution
 from conformance.engine.report import fail, mismatch_report
 from conformance.engine.runner import Target
 from conformance.spec import DEFAULT_TOLERANCES

@@ -20,25 +20,24 @@ import warnings
 from typing import Any
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.harness import (
+from conformance.engine.evaluate import forward_mode, function_of_tensors, preflight, reference_jvp
+from conformance.engine.finite_differences import (
+    FAST_ATOL,
+    FAST_RTOL,
     FD_EPS,
     FD_SPACING,
-    as_tuple,
-    forward_args,
-    function_of_tensors,
-    preflight,
-    random_state,
-    user_allocations,
+    GRADCHECK_FAST_MODE_ELEMENTS,
+    SLOW_ATOL,
+    SLOW_RTOL,
 )
-from conformance.engine.numerics import Judged, judge_against_truth, strict_float32, upcast
+from conformance.engine.numerics import Judged, judge_against_truth, truth_and_baseline
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
-from conformance.test_gradcheck import FAST_ATOL, FAST_MODE_ELEMENTS, FAST_RTOL, SLOW_ATOL, SLOW_RTOL
+from conformance.engine.torch_text import JIT_SCRIPT_DEPRECATION
 from strategies.cases import Case, CaseOptions
 from strategies.values import distinct_seed, grad_output_from_seed
 
@@ -57,33 +56,6 @@ def tangents_for(case: Case, args: list[Any]) -> dict[int, torch.Tensor]:
     }
 
 
-def forward_mode(call: Any, case: Case, args: list[Any], tangents: dict[int, torch.Tensor]) -> tuple[tuple[Any, ...], list[torch.Tensor | None]]:
-    """Primal outputs and their tangents (None: none came back) of ``call`` on dual inputs."""
-    with fwAD.dual_level(), random_state(case.spec, case):
-        duals = [fwAD.make_dual(a, tangents[i]) if i in tangents else a for i, a in enumerate(args)]
-        with user_allocations(case.spec):
-            outputs = as_tuple(call(*forward_args(case, duals)))
-        unpacked = [fwAD.unpack_dual(o) if isinstance(o, torch.Tensor) else None for o in outputs]
-        primals = tuple(u.primal.detach().clone() if u is not None else o for u, o in zip(unpacked, outputs))
-        found = [u.tangent.detach().clone() if u is not None and u.tangent is not None else None for u in unpacked]
-    return primals, found
-
-
-def reference_jvp(case: Case, args: list[Any], tangents: dict[int, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
-    """``torch.func.jvp`` of the spec's reference at ``args`` along ``tangents``."""
-    positions = sorted(tangents)
-
-    def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        full = list(args)
-        for position, value in zip(positions, values):
-            full[position] = value
-        return tuple(o for o in as_tuple(case.spec.reference(*full)) if isinstance(o, torch.Tensor))
-
-    with random_state(case.spec, case):
-        found = torch.func.jvp(of_differentiable, tuple(args[p] for p in positions), tuple(tangents[p] for p in positions))[1]
-    return tuple(found)
-
-
 def _check_in_float64(target: Target, case: Case) -> None:
     args = case.args(dtype=torch.float64)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -92,7 +64,7 @@ def _check_in_float64(target: Target, case: Case) -> None:
         return
     call = function_of_tensors(case, args, wrt_positions)
     numel = sum(args[i].numel() for i in wrt_positions)
-    fast = target.spec.fast_gradcheck or numel > FAST_MODE_ELEMENTS
+    fast = target.spec.fast_gradcheck or numel > GRADCHECK_FAST_MODE_ELEMENTS
     atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
     names = [case.recipes[i].name for i in wrt_positions]
     try:
@@ -119,9 +91,9 @@ def _check_against_reference(target: Target, case: Case) -> None:
         return
     _, found = forward_mode(spec.op.call, case, args, tangents)
     try:
-        with strict_float32():
-            truth = reference_jvp(case, [upcast(a) for a in args], {p: upcast(t) for p, t in tangents.items()})
-        baseline = reference_jvp(case, args, tangents)
+        truth, baseline = truth_and_baseline(
+            spec, case, lambda cast, _: reference_jvp(case, [cast(a) for a in args], {p: cast(t) for p, t in tangents.items()})
+        )
     except Exception as error:
         target.not_checked(f"the spec's reference has no forward-mode AD ({type(error).__name__}: {str(error)[:120]})")
         return
@@ -165,7 +137,7 @@ def check_forward_ad(target: Target, data: st.DataObject) -> None:
     with warnings.catch_warnings():
         # torch's forward-AD machinery scripts a helper on first use and warns that
         # torch.jit.script is deprecated: torch's own business, not the user's.
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=JIT_SCRIPT_DEPRECATION, category=DeprecationWarning)
         if not target.spec.op.declares("jvp"):
             _check_refuses(target, case)
         elif case.dtype == torch.float64:

@@ -24,16 +24,9 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.harness import as_tuple, forward_args, preflight, random_state, user_allocations
-from conformance.engine.numerics import (
-    Judged,
-    evaluate,
-    evaluate_spec,
-    judge_against_truth,
-    judged_grads,
-    strict_float32,
-    upcast,
-)
+from conformance.engine.evaluate import preflight, user_call, user_evaluate, vjp_call, vmap_call
+from conformance.engine.harness import forward_args, random_state
+from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
@@ -76,10 +69,9 @@ def _per_sample_truth(target: Target, samples: list[Case], args: list[list[Any]]
     truths, baselines = [], []
     for index, case in enumerate(samples):
         sample_args = [args[index][p] if in_dims[p] is not None else args[0][p] for p in range(len(in_dims))]
-        with strict_float32(), random_state(case.spec, case):
-            truths.append(evaluate_spec(target.spec, [upcast(a) for a in sample_args], names, {}, terms=True))
-        with random_state(case.spec, case):
-            baselines.append(evaluate_spec(target.spec, sample_args, names, {}))
+        truth, baseline = reference_truth_and_baseline(target.spec, case, sample_args, names, {}, terms=True)
+        truths.append(truth)
+        baselines.append(baseline)
     return truths, baselines
 
 
@@ -91,8 +83,7 @@ def _check_vmap(target: Target, data: st.DataObject, case: Case, *, declared: bo
     batched = [_stack([a[p] for a in args], in_dims[p]) for p in range(len(in_dims))]
     where = f"torch.func.vmap({spec.display_name}, in_dims={tuple(in_dims)}), {str(case.dtype).removeprefix('torch.')}"
     try:
-        with random_state(spec, case), user_allocations(spec):
-            vmapped = as_tuple(torch.func.vmap(spec.op.call, in_dims=tuple(in_dims))(*batched))
+        vmapped = vmap_call(case, in_dims, batched)
     except Exception as error:
         if not declared:
             target.checked()
@@ -128,35 +119,23 @@ def _check_vjp(target: Target, case: Case) -> None:
     wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not wrt:
         return
-    with torch.no_grad(), random_state(spec, case), user_allocations(spec):
-        outputs = as_tuple(spec.op.call(*forward_args(case, case.args())))
+    with random_state(spec, case):
+        outputs = user_call(case, grad=False)
     floating = [p for p, o in enumerate(outputs) if isinstance(o, torch.Tensor) and o.is_floating_point()]
     grad_outputs = dict(zip(floating, case.grad_outputs([outputs[p] for p in floating])))
 
-    def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        full = list(args)
-        for position, value in zip(wrt, values):
-            full[position] = value
-        out = as_tuple(spec.op.call(*forward_args(case, full)))
-        return tuple(out[p] for p in floating)
-
     where = f"torch.func.vjp({spec.display_name}), {str(case.dtype).removeprefix('torch.')}"
     try:
-        with random_state(spec, case), user_allocations(spec):
-            vjp_fn = torch.func.vjp(of_differentiable, *(args[p].detach() for p in wrt))[1]
-            found = vjp_fn(tuple(grad_outputs[p] for p in floating))
+        found = vjp_call(case, args, wrt, floating, grad_outputs)
     except Exception as error:
         fail(
             f"torch.func.vjp raised {type(error).__name__}, but {spec.display_name} declares torch.func support [{where}]",
             f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
         )
-    with random_state(spec, case), user_allocations(spec):
-        eager = evaluate(lambda *a: spec.op.call(*forward_args(case, a)), case.args(), names, grad_outputs)
-    pristine = case.args()
-    with strict_float32(), random_state(spec, case):
-        truth = evaluate_spec(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
     with random_state(spec, case):
-        baseline = evaluate_spec(spec, pristine, names, grad_outputs)
+        eager = user_evaluate(case, names, grad_outputs)
+    pristine = case.args()
+    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     verdict = judge_against_truth(spec, case.dtype, judged_grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, lambda _: where))
     if verdict is None:
         return

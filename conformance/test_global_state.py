@@ -31,8 +31,9 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
+from conformance.engine.evaluate import execute
 from conformance.engine.global_state import RngStates, Snapshot, differences, pin, rng_states, seed_all, snapshot
-from conformance.engine.harness import Execution, execute
+from conformance.engine.harness import Execution
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case

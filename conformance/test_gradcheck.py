@@ -11,31 +11,27 @@ estimators) are instead compared with the surrogate's autograd gradient.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import contract, float64
-from conformance.engine.harness import (
+from conformance.engine.evaluate import forward, function_of_tensors, preflight, run_reference
+from conformance.engine.finite_differences import (
+    FAST_ATOL,
+    FAST_RTOL,
     FD_EPS,
     FD_SPACING,
     NONDET_TOL,
-    allocation_policy,
-    as_tuple,
-    function_of_tensors,
-    preflight,
-    run_reference,
+    SLOW_ATOL,
+    SLOW_RTOL,
 )
-from conformance.engine.probe import guarded
+from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
+from conformance.engine.torch_text import gradcheck_input, gradcheck_not_reentrant
 from strategies.cases import CaseOptions
 
-FAST_MODE_ELEMENTS = 256
-SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
-FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
 SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
 
 
@@ -59,14 +55,12 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
     if not target.backward_ran(preflight(target.contract, case, dtype=torch.float64)):
         return
     names = [case.recipes[i].name for i in wrt_positions]
-    fn = target.spec.fn
-
     call = function_of_tensors(case, args, wrt_positions)
 
     wrt_tensors = tuple(args[i] for i in wrt_positions)
     with torch.no_grad():
         plain = case.args(dtype=torch.float64, requires_grad=set())
-        out_numel = sum(o.numel() for o in as_tuple(guarded(fn, allocation_policy(case.spec)).apply(*plain)) if isinstance(o, torch.Tensor))
+        out_numel = sum(o.numel() for o in forward(case, plain, how="guarded", passed=plain).outputs if isinstance(o, torch.Tensor))
     in_numel = sum(t.numel() for t in wrt_tensors)
     fast = target.spec.fast_gradcheck or in_numel + out_numel > FAST_MODE_ELEMENTS
     atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
@@ -80,7 +74,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
         )
     except GradcheckError as error:
         message = str(error)
-        if "not reentrant" in message:
+        if gradcheck_not_reentrant(message):
             fail(
                 "backward is not reentrant: two backward calls on the same graph gave different gradients "
                 f"[torch.autograd.gradcheck, float64, nondet_tol={nondet_tol}]",
@@ -88,8 +82,8 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
                 "Declare nondeterministic=True if the op is random by design; otherwise backward depends on "
                 "state it changes (a saved buffer updated in place, an RNG drawn in backward).",
             )
-        match = re.search(r"with respect to input (\d+)", message)
-        argument = names[int(match.group(1))] if match else ", ".join(names)
+        index = gradcheck_input(message)
+        argument = names[index] if index is not None else ", ".join(names)
         fail(
             f"analytical grad[{argument!r}] != numerical [torch.autograd.gradcheck, float64, "
             f"{'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]",

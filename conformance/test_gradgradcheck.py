@@ -21,7 +21,6 @@ before every forward, so finite differences compare calls that drew the same noi
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -31,10 +30,23 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.harness import FD_EPS, FD_SPACING, NONDET_TOL, fixed_rng, function_of_tensors, preflight
-from conformance.engine.probe import Recorder, probe
+from conformance.engine.evaluate import (
+    backward_every_leaf,
+    function_of_tensors,
+    gradients,
+    preflight,
+    recorded_function_of_tensors,
+)
+from conformance.engine.finite_differences import FD_EPS, FD_SPACING, NONDET_TOL
+from conformance.engine.harness import fixed_rng
+from conformance.engine.probe import Recorder
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
+from conformance.engine.torch_text import (
+    gradgradcheck_output_and_input,
+    is_once_differentiable_node,
+    raised_by_once_differentiable,
+)
 from strategies.cases import Case, CaseOptions
 
 FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases
@@ -76,7 +88,7 @@ def _first_grads(
     """grad_outputs (requiring grad, as gradgradcheck makes them) and the create_graph grads."""
     outputs = _diff_outputs(call(*wrt))
     grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=case.dtype))
-    grads = torch.autograd.grad(outputs, list(wrt), grad_outputs, create_graph=True, allow_unused=True)
+    grads = gradients(outputs, wrt, grad_outputs, create_graph=True)
     return grad_outputs, grads
 
 
@@ -140,7 +152,7 @@ def _check_twice_differentiable(
     except GradcheckError as error:
         message = str(error).strip()
     except RuntimeError as error:
-        if "once_differentiable" in str(error):
+        if raised_by_once_differentiable(error):
             fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
         raise
     else:
@@ -148,12 +160,12 @@ def _check_twice_differentiable(
         return
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
-    match = re.search(r"output (\d+) with respect to input (\d+)", message)
-    probed, recorder = probe(target.spec.fn)
-    probed_call = function_of_tensors(case, list(args), wrt_positions, fn=probed)
+    match = gradgradcheck_output_and_input(message)
+    # The same call, recorded: the saved tensors tell a constant computed in forward.
+    probed_call, recorder = recorded_function_of_tensors(case, list(args), wrt_positions)
     cause = _diagnose(probed_call, recorder, case, wrt, names, wrt_labels, match, args)
-    if match:
-        output, against = int(match.group(1)), int(match.group(2))
+    if match is not None:
+        output, against = match
         present = [n for n, g in zip(names, _first_grads(call, case, wrt)[1]) if g is not None]
         grad_name = present[output] if output < len(present) else f"#{output}"
         summary = f"d(grad[{grad_name!r}])/d({wrt_labels[against]}) analytical != numerical [{mode}]"
@@ -169,13 +181,13 @@ def _diagnose(
     wrt: tuple[torch.Tensor, ...],
     names: list[str],
     wrt_labels: list[str],
-    match: Any,
+    match: tuple[int, int] | None,
     args: Sequence[Any] = (),
 ) -> str:
     """A sentence naming the likely cause of a gradgradcheck failure, or ''."""
     grad_outputs, grads = _first_grads(call, case, wrt)
     for grad in grads:
-        if grad is not None and grad.grad_fn is not None and "Error" in grad.grad_fn.name():
+        if grad is not None and is_once_differentiable_node(grad.grad_fn):
             return CAUSE_ONCE
     for name, grad in zip(names, grads):
         if grad is not None and not grad.requires_grad:
@@ -196,16 +208,16 @@ def _diagnose(
                 "Recompute it in backward from the saved inputs (or return it as an output), or declare "
                 "double_backward=False and decorate backward with @once_differentiable."
             )
-    if not match:
+    if match is None:
         return ""
     present = [g for g in grads if g is not None]
-    output, against = int(match.group(1)), int(match.group(2))
+    output, against = match
     if output >= len(present):
         return ""
     variables = list(wrt) + list(grad_outputs)
     # Positive, uneven weights: a plain sum could cancel to zero on its own.
     weights = torch.rand(present[output].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    second = torch.autograd.grad(present[output], variables[against], (weights + 0.5).to(present[output].device), allow_unused=True)[0]
+    second = gradients([present[output]], [variables[against]], [(weights + 0.5).to(present[output].device)])[0]
     if second is None or not bool(second.ne(0).any()):
         what = "None" if second is None else "identically zero"
         return f"The analytical second derivative is {what}: " + CAUSE_DETACHED.format(wrt=wrt_labels[against])
@@ -243,7 +255,7 @@ def _check_refuses_double_backward(
     # returns None. .backward() is what a gradient-penalty training step does.
     weights = [torch.ones_like(g) for g in attached]
     try:
-        torch.autograd.backward(attached, weights)
+        backward_every_leaf(attached, weights)
     except RuntimeError:
         target.checked()
         return  # refused, as declared

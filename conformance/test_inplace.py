@@ -28,20 +28,13 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, forward_args, preflight
-from conformance.engine.probe import BackwardCall, probe
+from conformance.engine.evaluate import forward, gradients, preflight
+from conformance.engine.harness import differentiable_positions, forward_args
+from conformance.engine.numerics import reordering_tolerance
+from conformance.engine.probe import BackwardCall
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, Case
-
-# Budget for "the same result both times", relative to max|first result|: reruns of the same
-# kernels differ only where reductions are reordered (atomics); a clobbered buffer is O(1).
-RERUN_RELATIVE_TOLERANCE = {
-    torch.float64: 1e-7,
-    torch.float32: 1e-4,
-    torch.float16: 1e-2,
-    torch.bfloat16: 5e-2,
-}
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
@@ -102,13 +95,6 @@ def _describe_change(count: int, now: torch.Tensor, before: Snapshot) -> str:
     return f"{count} of {now.numel()} elements changed; {version}"
 
 
-def _rerun_tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
-    rtol = RERUN_RELATIVE_TOLERANCE.get(dtype, 1e-4)
-    finite = expected[torch.isfinite(expected)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    return rtol, rtol * (scale if scale > 0.0 else 1.0)
-
-
 def check_inplace(target: Target, data: st.DataObject) -> None:
     drawn = target.draw_case(data)
     preflight(target.contract, drawn)  # a structural defect blocks this contract; see defects.py
@@ -129,14 +115,15 @@ def _check_once(target: Target, case: Case) -> None:
     spec = target.spec
     fn_name = spec.display_name
     mutated = set(spec.mutates)
-    probed, recorder = probe(spec.fn, allocations=allocation_policy(spec))
     leaves = case.args()
     args = forward_args(case, leaves)
     names = [r.name for r in case.recipes]
     tensors = [(n, a) for n, a in zip(names, args) if isinstance(a, torch.Tensor)]
     before = {n: snapshot(a) for n, a in tensors}
 
-    outputs = as_tuple(probed.apply(*args))
+    called = forward(case, leaves, passed=args)
+    outputs, recorder = called.outputs, called.recorder
+    del called
 
     # -- forward: inputs untouched unless declared, declared ones really marked dirty
     for name, arg in tensors:
@@ -189,7 +176,7 @@ def _check_once(target: Target, case: Case) -> None:
     backward_error: BaseException | None = None
     first: tuple[torch.Tensor | None, ...] = ()
     try:
-        grads = torch.autograd.grad(diff_outputs, wrt, case.grad_outputs(diff_outputs), retain_graph=True, allow_unused=True)
+        grads = gradients(diff_outputs, wrt, case.grad_outputs(diff_outputs), retain_graph=True)
         first = tuple(g.detach().clone() if g is not None else None for g in grads)
         del grads
     except Exception as error:  # explained from the record below when possible
@@ -205,7 +192,7 @@ def _check_once(target: Target, case: Case) -> None:
 
     # -- the same graph backpropagated again gives the same gradients
     try:
-        second = torch.autograd.grad(diff_outputs, wrt, case.grad_outputs(diff_outputs), allow_unused=True)
+        second = gradients(diff_outputs, wrt, case.grad_outputs(diff_outputs))
     except RuntimeError as error:
         fail(
             f"second backward raised, but should give the same gradients [{fn_name}.backward, retain_graph=True]",
@@ -220,7 +207,9 @@ def _check_once(target: Target, case: Case) -> None:
             )
         if one is None or two is None:
             continue
-        rtol, atol = _rerun_tolerance(case.dtype, one)
+        # A rerun of the same kernels differs only where reductions are reordered (atomics); a
+        # clobbered buffer is O(1).
+        rtol, atol = reordering_tolerance(case.dtype, one)
         try:
             torch.testing.assert_close(two.detach(), one, rtol=rtol, atol=atol, equal_nan=True)
         except AssertionError as error:

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import Execution, execute, random_state, run_reference
-from conformance.engine.numerics import FLOOR_ULPS, evaluate_spec, strict_float32, ulp, upcast
+from conformance.engine.evaluate import execute, run_reference
+from conformance.engine.harness import Execution, random_state
+from conformance.engine.numerics import FLOOR_ULPS, largest_magnitude, layout_tolerance, truth, ulp
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, LAYOUTS, Case, CaseOptions
@@ -38,44 +39,14 @@ GRAD_OUTPUT_KINDS = ("noncontiguous", "expanded", "random")
 NOISE_SEED = 20240611
 
 # Same values in another layout can only change the *order* in which a kernel accumulates
-# (e.g. BLAS picking another blocking for a transposed operand). Two summation orders of the same
-# terms differ by a few rounding steps of the *terms'* magnitude (at most ~n*eps*sum|terms|,
-# typically ~log2(n)*eps for n <= 512 elements), while a layout bug reads the wrong elements and
-# is off by O(1). A result can cancel to far below its terms (BatchNorm's input gradient is
-# rounding noise around 0), so the scale is the largest magnitude among the result, the floating
-# inputs and, for gradients, the grad_outputs. We allow ROUNDING_STEPS rounding steps (eps of
-# the dtype) at that scale, plus the same count relative to each element. float64 is tight
-# (16 * 2.2e-16); float16/bfloat16 get the same count of their own coarser steps: low-precision
-# ops round an fp32 accumulation once per op, so reordering moves results by a step or two per
-# op in a short chain.
-ROUNDING_STEPS = 16
-# float64 and float32 results pass through chains of reductions (mean, var, normalise, sum) whose
-# roundings add up: a correct BatchNorm's zero gradient differed by 17 float64 steps between two
-# layouts (measured). A layout bug is off by O(1) of the scale, so wider budgets lose nothing.
-STEPS_BY_DTYPE = {torch.float64: 256, torch.float32: 32}
-# Terms can also be far larger than every input and output (BatchNorm on constant rows: terms
-# ~ g / sqrt(eps) cancelling to 0). So the budget also scales with the reference's own rounding
-# error in this dtype, |reference(dtype) - reference(float64)|, which is ~ eps * |terms| * (the
-# op's conditioning); for float64 it is measured in float32 and scaled by eps64 / eps32.
-
-
-def _largest(tensors: Any) -> float:
-    largest = 0.0
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
-            finite = tensor.detach()[torch.isfinite(tensor.detach())]
-            if finite.numel():
-                largest = max(largest, float(finite.abs().max()))
-    return largest
-
-
-def _tolerance(expected: torch.Tensor, scale: float, noise: float = 0.0) -> tuple[float, float]:
-    if not expected.is_floating_point():
-        return 0.0, 0.0  # indices, masks: exactly equal
-    finfo = torch.finfo(expected.dtype)
-    steps = STEPS_BY_DTYPE.get(expected.dtype, ROUNDING_STEPS)
-    atol = steps * max(finfo.eps * max(scale, _largest([expected])), noise) + finfo.tiny
-    return steps * finfo.eps, atol
+# (e.g. BLAS picking another blocking for a transposed operand): the budget is
+# :func:`conformance.engine.numerics.layout_tolerance` (rounding steps at the largest magnitude
+# among the result, the floating inputs and, for gradients, the grad_outputs). Terms can also be
+# far larger than every input and output (BatchNorm on constant rows: terms ~ g / sqrt(eps)
+# cancelling to 0). So the budget also scales with the reference's own rounding error in this
+# dtype, |reference(dtype) - reference(float64)|, which is ~ eps * |terms| * (the op's
+# conditioning); for float64 it is measured in float32 and scaled by eps64 / eps32.
+_largest = largest_magnitude
 
 
 def _max_difference(a: Any, b: Any) -> float:
@@ -127,14 +98,12 @@ def _term_floors(target: Target, case: Case, grad_outputs: dict[int, torch.Tenso
     if spec.nondeterministic:
         return {}
     names = [r.name for r in case.recipes]
-    args = [upcast(a) for a in case.args()]
     try:
-        with strict_float32():
-            truth = evaluate_spec(spec, args, names, grad_outputs, terms=True)
+        exact = truth(spec, case, case.args(), names, grad_outputs, terms=True)
     except Exception:
         return {}  # a reference that cannot run here: keep the magnitude-based budget
-    floors = {f"outputs[{p}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for p, t in truth.output_terms.items() if t.numel()}
-    floors.update({f"grad[{n!r}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for n, t in truth.grad_terms.items() if t.numel()})
+    floors = {f"outputs[{p}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for p, t in exact.output_terms.items() if t.numel()}
+    floors.update({f"grad[{n!r}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for n, t in exact.grad_terms.items() if t.numel()})
     return floors
 
 
@@ -248,7 +217,7 @@ def _compare(
                 f"layouts: {layouts}",
             )
         return
-    rtol, atol = _tolerance(want, scale, noise)
+    rtol, atol = layout_tolerance(want, scale, noise)
     atol += floor
     try:
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)

@@ -12,216 +12,24 @@ The efficiency half -- None for a differentiable input that merely does not requ
 this call, instead of a gradient the engine silently drops -- is the separate contract
 ``unneeded_grads`` (test_unneeded_grads.py), which a spec can waive with a stated reason (a
 fused kernel that computes every gradient in one pass). Both run the same subsets through
-:func:`run_subsets`. Checked on what backward returned (the probe's raw record), not on what the
+:func:`conformance.engine.subsets.run_subsets`. Checked on what backward returned (the probe's raw record), not on what the
 engine passes on.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import replace
-from typing import Any
-
-import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.defects import Blocked, Defect, require_sound
-from conformance.engine.harness import Execution, execute, fixed_rng, why_no_backward
-from conformance.engine.report import ContractFailure, describe_value, fail
 from conformance.engine.runner import Target
-from strategies.cases import Case, CaseOptions
-from strategies.recipes import FloatingRecipe
+from conformance.engine.subsets import EXHAUSTIVE_INPUTS, run_subsets
+from strategies.cases import CaseOptions
 
-# Subsets are enumerated exhaustively up to this many differentiable inputs (2**4 runs).
-EXHAUSTIVE_INPUTS = 4
-
-# Both runs use the same inputs, dtype and grad_outputs, so a correct backward gives identical
-# gradients unless it takes another code path (a fused kernel computing several gradients at
-# once, another summation order). These relative budgets, scaled by max|expected|, allow a few
-# hundred rounding steps of such reordering and nothing a real bug produces.
-RELATIVE_TOLERANCE = {
-    torch.float64: 1e-7,
-    torch.float32: 1e-4,
-    torch.float16: 1e-2,
-    torch.bfloat16: 5e-2,
-}
-
-
-def _run(case: Case, subset: frozenset[str]) -> Execution:
-    """Forward and backward with ``subset`` requiring grad, under a fixed RNG seed.
-
-    The seed makes Functions that draw random numbers (dropout masks) draw the same ones in
-    every run, so their gradients are comparable across subsets.
-    """
-    with fixed_rng(case.grad_seed, case.device):
-        return execute(case, requires_grad=subset)
-
-
-def _subsets(case: Case) -> list[frozenset[str]]:
-    names = [i.name for i in case.spec.differentiable_inputs]
-    ordered = [case.requires_grad]
-    if len(names) <= EXHAUSTIVE_INPUTS:
-        for size in range(len(names) + 1):
-            ordered.extend(frozenset(c) for c in itertools.combinations(names, size))
-    else:  # too many to enumerate: the empty set and each input alone, where index bugs show
-        ordered.append(frozenset())
-        ordered.extend(frozenset([n]) for n in names)
-    unique: list[frozenset[str]] = []
-    for subset in ordered:
-        if subset not in unique:
-            unique.append(subset)
-    return unique
-
-
-def _tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
-    rtol = RELATIVE_TOLERANCE.get(dtype, 1e-4)
-    finite = expected.detach()[torch.isfinite(expected.detach())]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    return rtol, rtol * (scale if scale > 0.0 else 1.0)
-
-
-def _check_no_grad_forward(target: Target, case: Case, execution: Execution) -> None:
-    fn_name = target.spec.display_name
-    for position, out in enumerate(execution.outputs):
-        if isinstance(out, torch.Tensor) and (out.requires_grad or out.grad_fn is not None):
-            fail(
-                f"output[{position}].requires_grad=True, but should be False [{fn_name}.forward, no input requires grad]",
-                "With no input requiring grad, apply() must return plain tensors; an output attached to a "
-                "graph here means forward built one itself (e.g. it called a differentiable op under "
-                "torch.enable_grad(), or returned a global tensor that requires grad).",
-            )
-
-
-def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> None:
-    """Run the drawn case with every input requiring grad, then each subset, checking either the
-    correctness half (needs_input_grad) or the efficiency half (unneeded_grads)."""
-    drawn = target.draw_case(data)
-    everything = frozenset(i.name for i in target.spec.differentiable_inputs)
-    full = _run(drawn, everything)
-    require_sound(target.contract, full)
-    if everything and not target.backward_ran(full):
-        return  # no differentiable output reached backward: nothing to compare with
-    full_raw = (full.recorder.last.raw or ()) if full.recorder.calls else ()
-    # Clone: a later run must not be able to change the baseline.
-    expected: dict[str, Any] = {
-        r.name: g.detach().clone() if isinstance(g, torch.Tensor) else g for r, g in zip(drawn.recipes, full_raw)
-    }
-    checked = False
-    for subset in _subsets(drawn):
-        case = replace(drawn, requires_grad=subset)
-        if target.context is not None:
-            target.context.case = case  # the report and repro show the subset that failed
-        execution = _run(case, subset)
-        if efficiency:
-            # A wrong needs_input_grad index also computes an unneeded gradient: one defect,
-            # reported once, by needs_input_grad.
-            try:
-                _check_subset(target, case, expected, execution, efficiency=False)
-            except ContractFailure as failure:
-                raise Blocked(Defect("needs_input_grad", failure.summary), case) from None
-        checked = _check_subset(target, case, expected, execution, efficiency=efficiency) or checked
-    if target.context is not None:
-        target.context.case = drawn
-    if checked:
-        target.checked()
-    elif efficiency:
-        target.not_checked(
-            "no requires_grad subset left a differentiable input without a gradient while backward ran "
-            f"({_differentiable_text(target)}), so no gradient can be unneeded"
-        )
-    else:
-        target.not_checked(why_no_backward(full))
-
-
-def _differentiable_text(target: Target) -> str:
-    names = [i.name for i in target.spec.differentiable_inputs]
-    if not names:
-        return f"{target.spec.name!r} declares no differentiable input"
-    if len(names) == 1:
-        return f"{names[0]!r} is the only differentiable input: backward runs only when it needs its gradient"
-    return f"differentiable inputs: {names}"
+__all__ = ["EXHAUSTIVE_INPUTS", "check_needs_input_grad", "test_needs_input_grad"]
 
 
 def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
     run_subsets(target, data, efficiency=False)
-
-
-def _check_subset(
-    target: Target, case: Case, expected: dict[str, Any], execution: Execution, *, efficiency: bool
-) -> bool:
-    """Check one subset's run; False when it had nothing to check."""
-    if not case.requires_grad:
-        if efficiency:
-            return False  # backward does not run: no gradient at all
-        _check_no_grad_forward(target, case, execution)
-        return True
-    require_sound(target.contract, execution)
-    if not execution.recorder.calls:
-        return False  # no differentiable output reached: nothing to check
-    call = execution.recorder.last
-    assert call.raw is not None  # require_sound: backward returned
-    fn_name = target.spec.display_name
-    declared = {i.name for i in target.spec.differentiable_inputs}
-    needs = call.needs_input_grad
-    returned = ", ".join(describe_value(v) for v in call.raw)
-    requiring = sorted(case.requires_grad)
-    unneeded = False  # efficiency: a differentiable input whose gradient this call did not need
-    for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
-        if not isinstance(recipe, FloatingRecipe):
-            continue  # gradients for non-tensor inputs are return_count's finding
-        needed = position < len(needs) and needs[position]
-        where = f"{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}"
-        if efficiency:
-            unneeded = unneeded or (not needed and recipe.name in declared)
-            if not needed and grad is not None and recipe.name in declared:
-                fail(
-                    f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
-                    f"ctx.needs_input_grad={needs}: {recipe.name!r} (position {position}) needs no gradient, "
-                    f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
-                    f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise; or, when "
-                    "one fused kernel computes every gradient at once, waive this contract in the spec: "
-                    "register(..., waivers={'unneeded_grads': 'why'}).",
-                )
-            continue
-        if not needed and grad is not None and recipe.name not in declared:
-            fail(
-                f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
-                f"The spec declares {recipe.name!r} requires_grad=False (never differentiable), but backward "
-                f"returned a gradient for it ({returned}).",
-                f"Return None at position {position}; if {recipe.name!r} is differentiable, declare "
-                f"Tensor({recipe.name!r}, ..., requires_grad=True) in the spec.",
-            )
-        if needed and grad is None and isinstance(expected.get(recipe.name), torch.Tensor):
-            fail(
-                f"grad[{recipe.name!r}]=None, but should be a Tensor [{where}]",
-                f"ctx.needs_input_grad={needs} says {recipe.name!r} (position {position}) needs a gradient, "
-                f"but backward returned ({returned}); with every input requiring grad it returns one.",
-                "A gradient that exists only in some requires_grad combinations usually means "
-                "needs_input_grad is read at the wrong index.",
-            )
-    if efficiency:
-        return unneeded
-    for recipe, grad in zip(case.recipes, call.raw):
-        want = expected.get(recipe.name)
-        if not isinstance(recipe, FloatingRecipe) or not isinstance(grad, torch.Tensor) or not isinstance(want, torch.Tensor):
-            continue
-        if tuple(grad.shape) != tuple(want.shape):
-            fail(
-                f"grad[{recipe.name!r}].shape={tuple(grad.shape)}, but should be {tuple(want.shape)} as with "
-                f"every input requiring grad [{fn_name}.backward, input {recipe.name!r}, requires_grad: {requiring}]"
-            )
-        rtol, atol = _tolerance(case.dtype, want)
-        try:
-            torch.testing.assert_close(grad.detach(), want, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False, check_device=False)
-        except AssertionError as error:
-            fail(
-                f"grad[{recipe.name!r}] with requires_grad {requiring} != grad[{recipe.name!r}] with every input "
-                f"requiring grad [{fn_name}.backward, {case.dtype}]",
-                "The same inputs and grad_outputs must give the same gradient whatever else requires grad.",
-                str(error),
-            )
-    return True
 
 
 @contract('needs_input_grad', case=CaseOptions(requires_grad="subsets"))

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance.spec.targets import CustomOpAdapter
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
+from conformance.spec.targets import CustomOpAdapter
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import Execution, execute, random_state
+from conformance.engine.evaluate import execute
+from conformance.engine.harness import Execution, random_state
 from conformance.engine.memory import MARGIN
 from conformance.engine.report import fail
 from conformance.engine.runner import VARIED_CASES, Target

@@ -25,17 +25,16 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import execute, random_state
+from conformance.engine.evaluate import Evaluated, execute
+from conformance.engine.harness import random_state
 from conformance.engine.numerics import (
-    Evaluated,
     checked_positions,
     compare_budget,
     evaluate_spec,
     floor_ulps,
     multiplier,
     neighbour,
-    strict_float32,
-    upcast,
+    truth_and_baseline,
 )
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
@@ -66,10 +65,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
     grad_source = "surrogate" if spec.surrogate is not None else "reference"
 
-    with strict_float32(), random_state(spec, case):
-        truth = _reference(spec, [upcast(a) for a in pristine], names, grad_outputs, terms=True)
-    with random_state(spec, case):
-        baseline = _reference(spec, pristine, names, grad_outputs)
+    truth, baseline = _truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     resamples: list[tuple[Evaluated, Evaluated]] = []
     if dtype != torch.float64:
         generator = torch.Generator().manual_seed(
@@ -78,9 +74,8 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
         for _ in range(RESAMPLES):
             moved_args = [neighbour(a, generator) for a in pristine]
             moved_grads = {p: neighbour(g, generator) for p, g in grad_outputs.items()}
-            with strict_float32():
-                moved_truth = _reference(spec, [upcast(a) for a in moved_args], names, moved_grads)
-            resamples.append((_reference(spec, moved_args, names, moved_grads), moved_truth))
+            moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
+            resamples.append((moved_baseline, moved_truth))
 
     if len(impl.outputs) != len(truth.outputs):
         fail(
@@ -154,6 +149,16 @@ REFERENCE_BLAME = (
     "The spec's reference must compute what the Function computes, output for output, with the same "
     "shapes: if the Function is right, fix reference= in register(...)."
 )
+
+
+def _truth_and_baseline(
+    spec: Spec, case: Case, args: list[Any], names: list[str], grad_outputs: dict[int, torch.Tensor], *, terms: bool = False
+) -> tuple[Evaluated, Evaluated]:
+    """The truth (with its term bounds when ``terms``) and the baseline of :func:`_reference`."""
+    __tracebackhide__ = True
+    return truth_and_baseline(
+        spec, case, lambda cast, exact: _reference(spec, [cast(a) for a in args], names, grad_outputs, terms=terms and exact)
+    )
 
 
 def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict[int, torch.Tensor], *, terms: bool = False) -> Evaluated:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound, structural_defects
-from conformance.engine.harness import execute
+from conformance.engine.evaluate import execute
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import Execution, execute, random_state
+from conformance.engine.evaluate import execute
+from conformance.engine.harness import Execution, random_state
 from conformance.engine.memory import SavedStorage, saved_storages
 from conformance.engine.probe import tensors_in
 from conformance.engine.report import fail

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import allocation_policy, as_tuple, differentiable_positions, execute, forward_args
-from conformance.engine.probe import guarded
+from conformance.engine.evaluate import execute, forward, gradients
+from conformance.engine.harness import differentiable_positions
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
@@ -36,8 +36,7 @@ def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list
     Runs in its own frame so that no local of the caller keeps a tensor alive.
     """
     leaves = case.args()
-    function = guarded(case.spec.fn, allocation_policy(case.spec))
-    outputs = as_tuple(function.apply(*forward_args(case, leaves)))
+    outputs = forward(case, leaves, how="guarded").outputs
     positions = differentiable_positions(outputs)
     wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
     refs: list[weakref.ref[Any]] = []
@@ -57,7 +56,7 @@ def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list
     del nodes
     if positions and wrt:
         diff = [outputs[p] for p in positions]
-        grads = torch.autograd.grad(diff, wrt, case.grad_outputs(diff), allow_unused=True)
+        grads = gradients(diff, wrt, case.grad_outputs(diff))
         del grads, diff
     del outputs, leaves, wrt
     return refs, labels

@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import execute, random_state
-from conformance.engine.numerics import compare_finiteness, evaluate_spec, strict_float32, upcast
+from conformance.engine.evaluate import execute
+from conformance.engine.harness import random_state
+from conformance.engine.numerics import compare_finiteness, reference_truth_and_baseline
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case, CaseOptions
@@ -66,11 +67,8 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     require_sound(target.contract, impl)
     names = [recipe.name for recipe in case.recipes]
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
-    with strict_float32(), random_state(spec, case):
-        truth = evaluate_spec(spec, [upcast(a) for a in impl.args], names, grad_outputs)
-    # Where plain PyTorch (the reference in this dtype) overflows too, the dtype is at fault.
-    with random_state(spec, case):
-        baseline = evaluate_spec(spec, impl.args, names, grad_outputs)
+    # The baseline: where plain PyTorch (the reference in this dtype) overflows too, the dtype is at fault.
+    truth, baseline = reference_truth_and_baseline(spec, case, impl.args, names, grad_outputs)
     context = f"{dtype_name}, {family} inputs ({scales})"
     compared = 0
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):

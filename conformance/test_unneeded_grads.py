@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.runner import Target
-from conformance.test_needs_input_grad import run_subsets
+from conformance.engine.subsets import run_subsets
 
 
 def check_unneeded_grads(target: Target, data: st.DataObject) -> None:

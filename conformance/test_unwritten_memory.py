@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.harness import execute, random_state
+from conformance.engine.evaluate import execute
+from conformance.engine.harness import random_state
 from conformance.engine.runner import VARIED_CASES, Target
 
 NOTHING_ALLOCATED = (

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.engine.verdict import Verdict as RecordedVerdict
+
 
 def _warm_term_bounds() -> None:
     """Same for what the term bounds (conformance/engine/terms.py) import lazily while following a
@@ -70,6 +72,14 @@ class Verdict:
     outcome: str  # "passed" | "failed" | "skipped"
     text: str  # the failure (or skip) report, "" when passed
     properties: dict[str, object] = field(default_factory=dict)  # the report's user_properties
+
+    @property
+    def recorded(self) -> RecordedVerdict:
+        """The verdict the runner wrote into the report (fails the calling test when there is none)."""
+        __tracebackhide__ = True
+        recorded = RecordedVerdict.of(self.properties.items())
+        assert recorded is not None, f"no verdict recorded; properties: {self.properties}"
+        return recorded
 
 
 @dataclass

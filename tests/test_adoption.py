@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autograd_conformance_plugin import PROFILE_NAMES
-from conformance.engine.runner import PROFILES
-from conformance.plugin.session import worker_gpus
+from autograd_conformance_plugin import PROFILES
+from conformance.engine.runner import RunOptions
+from conformance.plugin.devices import worker_gpus
 from tests.conftest import REPO, ZOO
 
 PLUGIN = "autograd_conformance_plugin"
@@ -202,5 +202,9 @@ def test_worker_gpus_rejects_impossible_assignments(visible: int, per_worker: in
         worker_gpus("gw0", visible, per_worker)
 
 
-def test_the_start_up_module_names_the_same_profiles_as_the_runner() -> None:
-    assert tuple(PROFILES) == PROFILE_NAMES
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_of_the_start_up_module_gives_the_runner_its_settings(profile: str) -> None:
+    settings = RunOptions(profile_settings=PROFILES[profile]).hypothesis_settings()
+    assert settings.max_examples == PROFILES[profile]["max_examples"]
+    assert settings.derandomize == PROFILES[profile].get("derandomize", False)
+    assert settings.database is None and settings.deadline is None

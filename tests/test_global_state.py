@@ -147,7 +147,7 @@ def test_spec_modules_that_change_torch_defaults_at_import_change_no_example(pyt
 
 def test_the_leaky_modules_do_leak(clean_registry) -> None:  # type: ignore[no-untyped-def]
     """The zoo modules above really change torch's defaults (so the test above means something)."""
-    from conformance.plugin.loader import import_path
+    from conformance.engine.loader import import_path
 
     with preserved_global_state() as changed:
         import_path(ZOO / "grad_off_at_import.py")

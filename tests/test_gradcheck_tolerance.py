@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from conformance.test_gradcheck import FAST_ATOL, FAST_MODE_ELEMENTS, FAST_RTOL
+from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL
+from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from reference_ops.elementwise import Square
 from tests.conftest import ZOO
 from tests.zoo.gradcheck_bugs import FivePercentOffSquare

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from conformance.plugin import outcomes
-from conformance.plugin.html_report import anchor_id
+from conformance.plugin.html_report import anchor_id, render_html
 from conformance.plugin.outcomes import OUTCOMES, Cell, OutcomeMatrix, RunInfo
+from conformance.plugin.reports import write_reports
 
 CONTRACTS = (
     "determinism", "devices", "grad_meta", "gradcheck", "gradgradcheck", "inplace", "layouts",
@@ -50,8 +51,8 @@ def sample() -> OutcomeMatrix:
         "failed", "grad['b'].shape=(), but should be (4,)", 0.5, REPRO,
         f"[grad_meta] BiasGradSummed: {EVIL}\n  case: torch.float64 on cpu\n  rerun: {RERUN}", RERUN,
     ))
-    matrix.record("bias_grad_summed", "cpu", "reference", Cell("blocked", "blocked by grad_meta: grad['b'].shape=()"))
-    matrix.record("bias_grad_summed", "cpu", "layouts", Cell("blocked", "blocked by grad_meta: grad['b'].shape=()"))
+    matrix.record("bias_grad_summed", "cpu", "reference", Cell("blocked", "blocked by grad_meta: grad['b'].shape=()", owner="grad_meta"))
+    matrix.record("bias_grad_summed", "cpu", "layouts", Cell("blocked", "blocked by grad_meta: grad['b'].shape=()", owner="grad_meta"))
     matrix.record("scaled_softmax", "cpu", "gradgradcheck", Cell("error", "fixture 'tmp' raised", message="Traceback\n  boom"))
     matrix.record("scaled_softmax", "cpu", "undefined_grads", Cell("not_applicable", "single-output spec"))
     matrix.record("layer_norm_with_a_rather_long_name", "cpu", "undefined_grads", Cell("not_applicable", "single-output spec"))
@@ -154,7 +155,7 @@ def test_terminal_cuts_long_reasons_below_verbose_and_groups_distinct_not_run_re
 
 
 def test_json_report(tmp_path: Path) -> None:
-    paths = sample().write(tmp_path / "out" / "conformance", run_info())
+    paths = write_reports(sample(), tmp_path / "out" / "conformance", run_info())
     assert [p.name for p in paths] == ["conformance.json", "conformance.md", "conformance.html"]
     data = json.loads(paths[0].read_text())
     assert data["schema_version"] == 2
@@ -175,15 +176,15 @@ def test_json_is_deterministic_but_for_durations(tmp_path: Path) -> None:
     first, second = sample(), OutcomeMatrix()
     for function, device, contract, cell in reversed(first.cells()):
         second.record(function, device, contract, Cell(cell.outcome, cell.reason, 9.0, cell.repro, cell.message, cell.rerun))
-    a = first.write(tmp_path / "a", run_info())[0].read_text()
-    b = second.write(tmp_path / "b", run_info())[0].read_text()
+    a = write_reports(first, tmp_path / "a", run_info())[0].read_text()
+    b = write_reports(second, tmp_path / "b", run_info())[0].read_text()
     assert a != b
     strip = re.compile(r'"duration": [0-9.]+')
     assert strip.sub("", a) == strip.sub("", b)
 
 
 def test_markdown_report(tmp_path: Path) -> None:
-    markdown = sample().write(tmp_path / "r", run_info())[1].read_text()
+    markdown = write_reports(sample(), tmp_path / "r", run_info())[1].read_text()
     lines = markdown.splitlines()
     header = next(line for line in lines if line.startswith("| Function-device |"))
     assert header.split(" | ")[1:4] == ["determinism", "devices", "grad_meta"]
@@ -250,7 +251,7 @@ def _parse(document: str) -> _Dom:
 
 
 def test_html_report_escapes_and_links(tmp_path: Path) -> None:
-    document = sample().write(tmp_path / "r", run_info())[2].read_text()
+    document = write_reports(sample(), tmp_path / "r", run_info())[2].read_text()
     assert "<script" not in document and "https://" not in document and "<link" not in document
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in document
     dom = _parse(document)
@@ -270,7 +271,7 @@ def test_html_report_escapes_and_links(tmp_path: Path) -> None:
 def test_empty_matrix_reports() -> None:
     matrix = OutcomeMatrix()
     assert matrix.terminal_lines(verbosity=0) == ["autograd-conformance: no contract tests recorded"]
-    assert "None." in matrix.markdown(run_info()) and "Failures (0)" in matrix.html(run_info())
+    assert "None." in matrix.markdown(run_info()) and "Failures (0)" in render_html(matrix, run_info())
 
 
 # ---------------------------------------------------------------------- a real browser
@@ -295,7 +296,7 @@ document.body.dataset.headHeight = String(head.getBoundingClientRect().height);
 def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     browser = _chromium()
     assert browser is not None
-    report = sample().write(tmp_path / "report", run_info())[2]
+    report = write_reports(sample(), tmp_path / "report", run_info())[2]
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              f"--user-data-dir={tmp_path / 'profile'}"]
 

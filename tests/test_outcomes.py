@@ -140,7 +140,7 @@ def test_report_files(pytester: pytest.Pytester) -> None:
     assert data["matrix"]["missing_transpose-cpu"]["grad_meta"] == "passed"
     failed = next(c for c in data["results"] if c["function"] == "wrong_dtype_grad")
     assert failed["reason"].startswith("grad['x'].dtype=torch.float32, but should be torch.float64")
-    assert Path(failed["repro"]).is_file() and Path(failed["repro"]).parent == report.parent / "conformance.engine.repro"
+    assert Path(failed["repro"]).is_file() and Path(failed["repro"]).parent == report.parent / "conformance.repro"
     assert "--seed=7" in failed["rerun"] and "--profile=ci" in failed["rerun"]
     assert "| wrong_dtype_grad-cpu | **FAIL** |" in (report.parent / "conformance.md").read_text()
     assert "wrong_dtype_grad" in (report.parent / "conformance.html").read_text()

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.engine.repro import EXIT_FAILED, EXIT_PASSED
-from conformance.engine.runner import FAILURE_PROPERTY, REPRO_PROPERTY
+from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
 from tests.conftest import REPO, ZOO
 from tests.test_core_contracts import CORE
 from tests.test_derivative_layout_determinism_device_contracts import BEHAVIOUR as DERIVATIVE_BEHAVIOUR
@@ -53,10 +52,10 @@ import contextlib, io, json, runpy, sys
 sys.path.append(sys.argv[4])
 jobs, mode, out_path = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
 if mode == "twin":
-    import conformance.engine.repro as repro
+    import conformance.engine.replay as replay
     from tests.twins import with_twin
-    load = repro.load_spec
-    repro.load_spec = lambda impl, name: with_twin(load(impl, name))
+    load = replay.load_spec
+    replay.load_spec = lambda impl, name: with_twin(load(impl, name))
 results = []
 for script in jobs:
     captured = io.StringIO()
@@ -91,18 +90,18 @@ def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
     run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
     failures = {key: v for key, v in run.verdicts.items() if v.outcome == "failed"}
     assert failures, f"{file_name}: no failures to reproduce"
-    missing = [key for key, v in failures.items() if REPRO_PROPERTY not in v.properties]
+    missing = [key for key, v in failures.items() if not v.recorded.repro]
     assert not missing, f"failures without a repro script: {missing}"
     keys = sorted(failures)
-    scripts = [str(failures[k].properties[REPRO_PROPERTY]) for k in keys]
+    scripts = [failures[k].recorded.repro for k in keys]
 
     for key, (status, text) in zip(keys, _replay_all(scripts, "as_written", run.run_dir, tmp_path)):
         contract, name, _ = key
         verdict = failures[key]
         assert status == EXIT_FAILED, f"{key}: the repro script exited {status}, but should fail:\n{text}"
         head = text.strip().splitlines()[0]
-        assert head.startswith(f"[{contract}] ") and str(verdict.properties[FAILURE_PROPERTY]) in head, (
-            f"{key}: the script says {head!r}, but should report {verdict.properties[FAILURE_PROPERTY]!r}"
+        assert head.startswith(f"[{contract}] ") and verdict.recorded.reason in head, (
+            f"{key}: the script says {head!r}, but should report {verdict.recorded.reason!r}"
         )
         if name in NONDETERMINISTIC_BUGS:
             continue  # their numbers differ from run to run, by definition: the head line is the check
@@ -121,7 +120,7 @@ def test_a_repro_script_runs_standalone_from_where_pytest_ran(conformance_run) -
     file_name, extra, contracts, max_examples = ZOO_RUNS["core_bugs"]
     run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
     verdict = run.verdict("grad_meta", "wrong_dtype_grad")
-    script = Path(str(verdict.properties[REPRO_PROPERTY]))
+    script = Path(verdict.recorded.repro)
     assert f"repro script: python {script}" in verdict.text
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from conformance.engine import report
-from conformance.engine.runner import NOT_APPLICABLE, STATUS_PROPERTY, RunOptions, Target
+from conformance.engine.runner import RunOptions, Target
+from conformance.engine.verdict import Outcome, Verdict
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
 CONTRACTS = sorted(p.stem.removeprefix("test_") for p in CONFORMANCE_DIR.glob("test_*.py"))
@@ -87,10 +88,10 @@ def vacuous(conformance_run):  # type: ignore[no-untyped-def]
 
 
 def _outcome(verdict) -> str:  # type: ignore[no-untyped-def]
-    status = str(verdict.properties.get(STATUS_PROPERTY, ""))
-    if verdict.outcome == "skipped" and status == NOT_APPLICABLE:
+    status = Verdict.of(verdict.properties.items())
+    if verdict.outcome == "skipped" and status is not None and status.outcome is Outcome.NOT_APPLICABLE:
         return "n/a"
-    if verdict.outcome == "skipped" and status.startswith("blocked by "):
+    if verdict.outcome == "skipped" and status is not None and status.outcome is Outcome.BLOCKED:
         return "blocked"
     return str(verdict.outcome)
 
@@ -153,7 +154,9 @@ def test_the_runner_turns_zero_checked_examples_into_a_reasoned_skip(probe_spec)
 
     with pytest.raises(pytest.skip.Exception, match="nothing to check: the probe has nothing to look at$"):
         target.run(never_checks)
-    assert (STATUS_PROPERTY, NOT_APPLICABLE) in target.user_properties
+    assert Verdict.of(target.user_properties) == Verdict(
+        Outcome.NOT_APPLICABLE, "nothing to check: the probe has nothing to look at"
+    )
 
 
 def test_one_checked_example_is_enough_for_a_pass(probe_spec) -> None:  # type: ignore[no-untyped-def]

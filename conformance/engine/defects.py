@@ -60,7 +60,7 @@ def _broadcast_target(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[to
     if shape == tuple(arg.shape) or len(shape) < arg.dim():
         return False
     try:
-        if torch.broadcast_shapes(shape, tuple(arg.shape)) != torch.Size(shape):
+        if torch.broadcast_shapes(shape, tuple(arg.shape)) != torch.Size(shape):  # type: ignore[no-untyped-call]
             return False
     except RuntimeError:
         return False

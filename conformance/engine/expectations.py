@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["Expectation", "Expectations"]
+__all__ = ["Expectation", "Expectations", "expected_in", "unmet"]
 
 SELECTORS = ("contract", "function", "device", "dtype")
 _KEY = re.compile(r"^(?P<contract>\w+)\[(?P<function>.+)-(?P<device>[a-z]+)\]$")
@@ -88,6 +88,20 @@ class Expectations:
         ]
         lines += [f"{label}: passed, the deviation is gone" for label in sorted(self.xpassed)]
         return lines
+
+
+def expected_in(expectations: Sequence[Expectation], dtype: object) -> Expectation | None:
+    """The dtype expectation (among a test's) that expects a failure in ``dtype`` (a torch dtype,
+    or its name), else None."""
+    name = str(dtype).removeprefix("torch.")
+    return next((e for e in expectations if e.dtype == name), None)
+
+
+def unmet(expectations: Sequence[Expectation], dtypes_seen: Iterable[object]) -> list[Expectation]:
+    """The dtype expectations whose dtype was among ``dtypes_seen`` by a test that did not fail:
+    their deviation did not occur, so they are stale."""
+    chosen = [expected_in(expectations, dtype) for dtype in dtypes_seen]
+    return [e for e in expectations if any(c is e for c in chosen)]
 
 
 def _usage(path: str, problem: str) -> str:

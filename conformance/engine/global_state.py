@@ -198,7 +198,7 @@ class RngStates:
 def rng_states() -> RngStates:
     """The current global RNG states (never initialises CUDA)."""
     cuda = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         cuda = tuple(torch.cuda.get_rng_state_all())
     return RngStates(torch.get_rng_state(), cuda)
 

@@ -1,4 +1,8 @@
-"""Numerical comparison shared by the ``reference`` and ``stability`` contracts.
+"""Numerical judgement shared by the contracts: the truth and the baseline of an evaluation
+(:func:`truth_and_baseline`, the one place both are made), the reference policy that compares a
+result with them (:func:`compare_budget`, :func:`judge_against_truth`), and the budget for the
+same kernels reordered (:data:`REORDERING`: reruns, requires_grad subsets, unused outputs,
+memory layouts).
 
 Policy (see README, "Numerical tolerance policy"):
 
@@ -27,23 +31,26 @@ Policy (see README, "Numerical tolerance policy"):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
-from conformance.engine.harness import as_tuple, differentiable_positions
+from conformance.engine.evaluate import Evaluated, evaluate, evaluate_with_terms, fresh
+from conformance.engine.harness import random_state
 from conformance.engine.report import mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
-from conformance.engine.terms import TermMagnitudes
+from strategies.cases import Case
 
 __all__ = [
     "FLOOR_ULPS",
+    "REORDERING",
     "Comparison",
     "Evaluated",
     "Judged",
+    "Reordering",
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
@@ -52,10 +59,15 @@ __all__ = [
     "evaluate_with_terms",
     "judge_against_truth",
     "judged_grads",
+    "largest_magnitude",
+    "layout_tolerance",
     "multiplier",
     "neighbour",
+    "reordering_tolerance",
     "rounding_floor",
     "strict_float32",
+    "truth",
+    "truth_and_baseline",
     "ulp",
     "upcast",
 ]
@@ -121,74 +133,6 @@ def upcast(value: Any) -> Any:
     return value
 
 
-@dataclass
-class Evaluated:
-    """Outputs and input gradients of one evaluation (of the impl, the truth or the baseline).
-
-    ``terms`` (truth only, see :mod:`conformance.engine.terms`): per output position / gradient name,
-    the running error bound of each value in rounding units -- how large the terms are that it
-    was computed from.
-    """
-
-    outputs: tuple[Any, ...]
-    grads: dict[str, torch.Tensor | None]
-    output_terms: dict[int, torch.Tensor] = field(default_factory=dict)
-    grad_terms: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def evaluate(
-    func: Callable[..., Any],
-    args: Sequence[Any],
-    names: Sequence[str],
-    grad_outputs: Mapping[int, torch.Tensor],
-) -> Evaluated:
-    """Run ``func(*args)`` and backpropagate ``grad_outputs`` (by output position).
-
-    Gradients are taken with respect to every tensor argument that requires grad; each
-    grad_output is cast to its output's dtype and device first.
-    """
-    outputs = as_tuple(func(*args))
-    wrt = [(name, a) for name, a in zip(names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    positions = [p for p in differentiable_positions(outputs) if p in grad_outputs]
-    if not wrt or not positions:
-        return Evaluated(outputs, {})
-    grads = torch.autograd.grad(
-        [outputs[p] for p in positions],
-        [a for _, a in wrt],
-        [grad_outputs[p].detach().to(device=outputs[p].device, dtype=outputs[p].dtype) for p in positions],
-        allow_unused=True,
-    )
-    return Evaluated(outputs, {name: grad for (name, _), grad in zip(wrt, grads)})
-
-
-def evaluate_with_terms(
-    func: Callable[..., Any],
-    args: Sequence[Any],
-    names: Sequence[str],
-    grad_outputs: Mapping[int, torch.Tensor],
-) -> Evaluated:
-    """:func:`evaluate` under :class:`TermMagnitudes`, with each result's term bound; a
-    reference the measurement cannot follow is evaluated plainly (bounds = |result|)."""
-    mode = TermMagnitudes()
-    try:
-        with mode:
-            result = evaluate(func, args, names, grad_outputs)
-    except Exception:
-        return evaluate(func, [_fresh(a) for a in args], names, grad_outputs)
-    result.output_terms = {
-        position: mode.of(out).detach() for position, out in enumerate(result.outputs)
-        if isinstance(out, torch.Tensor) and out.is_floating_point()
-    }
-    result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
-    return result
-
-
-def _fresh(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().requires_grad_(value.requires_grad)
-    return value
-
-
 def evaluate_spec(
     spec: Spec,
     args: Sequence[Any],
@@ -201,11 +145,50 @@ def evaluate_spec(
     (else from the reference), on fresh leaf copies of ``args``; with ``terms``, also each
     result's term bound (for the truth, in float64)."""
     run = evaluate_with_terms if terms else evaluate
-    first = run(spec.reference, [_fresh(a) for a in args], names, grad_outputs)
+    first = run(spec.reference, [fresh(a) for a in args], names, grad_outputs)
     if spec.surrogate is None:
         return first
-    second = run(spec.surrogate, [_fresh(a) for a in args], names, grad_outputs)
+    second = run(spec.surrogate, [fresh(a) for a in args], names, grad_outputs)
     return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
+
+
+T = TypeVar("T")
+
+
+def truth_and_baseline(spec: Spec, case: Case, run: Callable[[Callable[[Any], Any], bool], T]) -> tuple[T, T]:
+    """The truth and the baseline of one evaluation of the reference: ``run(cast, is_truth)``,
+    first with ``cast=upcast`` (float64 CPU leaf copies) under :func:`strict_float32` (the truth),
+    then with the values as they are (the baseline: plain PyTorch in the tested dtype), each under
+    the case's RNG state (:func:`conformance.engine.harness.random_state`)."""
+    with strict_float32(), random_state(spec, case):
+        exact = run(upcast, True)
+    with random_state(spec, case):
+        baseline = run(_same, False)
+    return exact, baseline
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def truth(
+    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor],
+    *, terms: bool = False,
+) -> Evaluated:
+    """The spec's reference (and surrogate) in float64 on the CPU, TF32 off, on ``args`` upcast."""
+    with strict_float32(), random_state(spec, case):
+        return evaluate_spec(spec, [upcast(a) for a in args], names, grad_outputs, terms=terms)
+
+
+def reference_truth_and_baseline(
+    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor],
+    *, terms: bool = False,
+) -> tuple[Evaluated, Evaluated]:
+    """:func:`truth_and_baseline` of the spec's reference (surrogate for gradients) on ``args``
+    and ``grad_outputs``; with ``terms``, the truth's term bounds too."""
+    return truth_and_baseline(
+        spec, case, lambda cast, exact: evaluate_spec(spec, [cast(a) for a in args], names, grad_outputs, terms=terms and exact)
+    )
 
 
 def checked_positions(
@@ -459,3 +442,68 @@ def judged_grads(
             torch.zeros_like(arg) if base is None else base, where(name), truth.grad_terms.get(name),
         ))
     return values
+
+
+# ----------------------------------------------------------------------------- the same kernels, reordered
+
+
+@dataclass(frozen=True)
+class Reordering:
+    """How far two evaluations of the same computation may differ in one dtype when only the order
+    of accumulation can differ.
+
+    ``relative``: relative to max|expected| (scaled by it): a rerun of the same graph (inplace), a
+    backward through other requires_grad subsets (needs_input_grad) or with zero grad_outputs
+    for unused outputs (undefined_grads) -- a few hundred rounding steps of reordering, nothing a
+    real bug produces. ``steps``: rounding steps of the dtype at the largest magnitude involved,
+    for the same values in another memory layout (layouts): two summation orders of the same
+    terms differ by a few steps of the terms' magnitude, a layout bug by O(1). float64 and
+    float32 results pass through chains of reductions whose roundings add up (a correct
+    BatchNorm's zero gradient differed by 17 float64 steps between two layouts, measured);
+    float16/bfloat16 round an fp32 accumulation once per op.
+    """
+
+    relative: float
+    steps: int
+
+
+REORDERING: dict[torch.dtype, Reordering] = {
+    torch.float64: Reordering(1e-7, 256),
+    torch.float32: Reordering(1e-4, 32),
+    torch.float16: Reordering(1e-2, 16),
+    torch.bfloat16: Reordering(5e-2, 16),
+}
+OTHER_DTYPES = Reordering(1e-4, 16)
+
+
+def largest_magnitude(tensors: Iterable[Any]) -> float:
+    """The largest finite |value| among the floating tensors in ``tensors`` (0 without any)."""
+    largest = 0.0
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+            finite = tensor.detach()[torch.isfinite(tensor.detach())]
+            if finite.numel():
+                largest = max(largest, float(finite.abs().max()))
+    return largest
+
+
+def reordering_tolerance(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
+    """``(rtol, atol)`` for the same computation reordered in ``dtype``: :attr:`Reordering.relative`,
+    and the same relative to max|expected| (finite values; 1 when all are 0)."""
+    rtol = REORDERING.get(dtype, OTHER_DTYPES).relative
+    finite = expected.detach()[torch.isfinite(expected.detach())]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return rtol, rtol * (scale if scale > 0.0 else 1.0)
+
+
+def layout_tolerance(expected: torch.Tensor, scale: float, noise: float = 0.0) -> tuple[float, float]:
+    """``(rtol, atol)`` for the same values in another memory layout: :attr:`Reordering.steps`
+    rounding steps relative to each element, and at the larger of ``scale`` (the magnitudes of
+    the inputs, and grad_outputs for gradients) and max|expected| -- or at ``noise`` (the
+    reference's own rounding error in this dtype) when larger. Exact for non-floating results."""
+    if not expected.is_floating_point():
+        return 0.0, 0.0  # indices, masks: exactly equal
+    finfo = torch.finfo(expected.dtype)
+    steps = REORDERING.get(expected.dtype, OTHER_DTYPES).steps
+    atol = steps * max(finfo.eps * max(scale, largest_magnitude([expected])), noise) + finfo.tiny
+    return steps * finfo.eps, atol

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from conformance.spec.targets import declares_jvp
 from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer
+from conformance.spec.targets import declares_jvp
 
 __all__ = ["BackwardCall", "Recorder", "guarded", "probe", "tensors_in", "user_backward_name"]
 

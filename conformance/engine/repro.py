@@ -3,28 +3,28 @@
 While a property runs, every ``data.draw`` of the contract check is recorded (label and value).
 When the test fails, the draws of the failing example are written as Python source into a
 script that loads the spec, rebuilds the same :class:`~strategies.cases.Case` values and runs
-the *same* contract check once through :func:`replay` -- so the script fails with the
-contract's own message and numbers (second order for gradgradcheck, both layouts for layouts,
-...) and passes once the Function is fixed.
+the *same* contract check once through :func:`conformance.engine.replay.replay` -- so the script
+fails with the contract's own message and numbers (second order for gradgradcheck, both layouts
+for layouts, ...) and passes once the Function is fixed.
 
-Public helpers for scripts: :func:`load_spec`, :func:`replay`; ``Case`` and the recipe classes
-(``TensorRecipe``, ``MaskRecipe``, ...) are re-exported so a script needs nothing else.
+This module records and writes; :mod:`conformance.engine.replay` (above the runner) replays.
+``Case`` and the recipe classes (``TensorRecipe``, ``MaskRecipe``, ...) are re-exported here so a
+script needs nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from conformance.engine.report import ContractFailure
 from strategies.cases import Case
 from strategies.recipes import (
     AdditiveMaskRecipe,
@@ -49,18 +49,16 @@ __all__ = [
     "MaskRecipe",
     "OffsetsRecipe",
     "ReplayData",
+    "ReplayExhausted",
+    "ReplayMismatch",
     "ReproUnavailable",
     "ScalarRecipe",
     "TensorRecipe",
-    "load_spec",
-    "replay",
+    "attach_script",
     "script_name",
     "to_source",
     "write_script",
 ]
-
-# Exit statuses of a repro script.
-EXIT_PASSED, EXIT_FAILED, EXIT_NOT_CHECKED = 0, 1, 2
 
 
 class ReproUnavailable(Exception):
@@ -218,9 +216,9 @@ sys.path[:0] = [{", ".join(sys_path)}]
 
 import torch  # noqa: E402
 
-from conformance.engine.repro import Case, load_spec, replay  # noqa: E402
+from conformance.engine.replay import load_spec, replay  # noqa: E402
 from conformance.engine.repro import (  # noqa: E402, F401
-    AdditiveMaskRecipe, DerivedRecipe, IndexRecipe, MaskRecipe, OffsetsRecipe, ScalarRecipe, TensorRecipe,
+    AdditiveMaskRecipe, Case, DerivedRecipe, IndexRecipe, MaskRecipe, OffsetsRecipe, ScalarRecipe, TensorRecipe,
 )
 
 spec = load_spec({impl!r}, {spec_name!r})
@@ -252,83 +250,28 @@ def _relative_or_absolute(path: Path, start: Path) -> str:
         return str(path)
 
 
-# ------------------------------------------------------------------------ replaying
-
-
-def load_spec(impl: str, name: str) -> Any:
-    """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths)."""
-    from conformance.plugin.loader import load_impls
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # as the plugin does, before any kernel import
-    specs = load_impls(impl)
-    for spec in specs:
-        if spec.name == name:
-            return spec
-    raise SystemExit(f"--impl={impl} registers no Function named {name!r}; it registers {[s.name for s in specs]}")
-
-
-def replay(
-    spec: Any,
-    contract: str,
+def attach_script(
+    failure: ContractFailure,
+    directory: Path,
     *,
+    contract: str,
+    spec_name: str,
     device: str,
+    impl: str,
     draws: Sequence[tuple[str | None, Any]],
-    impl: str = "",
-    exit: bool = True,
-) -> int:
-    """Run contract ``contract``'s check once on the recorded ``draws``; print the verdict.
-
-    Returns (or, with ``exit=True``, exits with) 0 when the check passes, 1 with the contract's
-    message when it fails, 2 when it cannot run here (e.g. CUDA absent).
-    """
-    status, message = _replay(spec, contract, device=device, draws=draws, impl=impl)
-    print(message, file=sys.stderr if status else sys.stdout)
-    if exit:
-        raise SystemExit(status)
-    return status
-
-
-def _replay(spec: Any, contract: str, *, device: str, draws: Sequence[tuple[str | None, Any]], impl: str) -> tuple[int, str]:
-    from _pytest.outcomes import OutcomeException
-
-    from conformance.engine.defects import Blocked
-    from conformance.engine.report import ContractFailure
-    from conformance.engine.runner import RunOptions, Target
-
-    bound = [(label, _bind(value, spec)) for label, value in draws]
+    run_dir: Path,
+) -> str:
+    """Write the repro script of ``failure``'s example into ``directory`` and name it in the
+    failure's report; return its path, or ``""`` when it cannot be written (the report then keeps
+    its inline snippet and says why)."""
+    path = directory / script_name(contract, spec_name, device)
     try:
-        module = importlib.import_module(f"conformance.test_{contract}")
-    except ImportError:
-        return EXIT_NOT_CHECKED, f"no contract named {contract!r} in this version of autograd-conformance"
-    test: Callable[[Target], None] = getattr(module, f"test_{contract}")
-    if device == "cuda" and not torch.cuda.is_available():
-        return EXIT_NOT_CHECKED, "not checked: the example runs on CUDA, which is not available here"
-    target = Target(spec=spec, device=device, contract=contract, options=RunOptions(impl=impl or "?"), replay_draws=bound)
-    try:
-        test(target)
-    except ContractFailure as failure:
-        return EXIT_FAILED, failure.report_text(include_repro=False)
-    except Blocked as blocked:
-        return EXIT_FAILED, f"[{contract}] blocked by {blocked.defect.owner}: {blocked.defect.summary}"
-    except ReplayExhausted:
-        return EXIT_PASSED, (
-            f"passed: [{contract}] {spec.name} on {device} holds on this example (every check the failing run "
-            "made; the run stopped there, so later parts of the example were never drawn)"
+        write_script(
+            path, contract=contract, spec_name=spec_name, device=device, impl=impl, draws=draws,
+            summary=failure.summary, run_dir=run_dir,
         )
-    except ReplayMismatch as error:
-        return EXIT_NOT_CHECKED, f"not checked: {error}"
-    except OutcomeException as outcome:  # pytest.skip / xfail inside the contract's own test
-        return EXIT_NOT_CHECKED, f"not checked: {outcome.msg}"
-    return EXIT_PASSED, f"passed: [{contract}] {spec.name} on {device} holds on this example"
-
-
-def _bind(value: Any, spec: Any) -> Any:
-    """Recorded values with the loaded spec put into every Case (scripts write ``spec=spec``)."""
-    if isinstance(value, Case):
-        return dataclasses.replace(value, spec=spec)
-    if isinstance(value, tuple):
-        return tuple(_bind(v, spec) for v in value)
-    if isinstance(value, list):
-        return [_bind(v, spec) for v in value]
-    return value
+    except (ReproUnavailable, OSError) as error:
+        failure.head += f"\n  (no repro script: {error})"
+        return ""
+    failure.repro_path = str(path)
+    return str(path)

@@ -9,6 +9,10 @@ ran before it (a spec module that turned grad mode off, another test) cannot cha
 is earned: the check calls :meth:`Target.checked` where it really checked its property, and a
 test none of whose examples did is skipped as n/a with the reasons given to
 :meth:`Target.not_checked`.
+
+Every conclusion -- passed, failed, blocked, waived, n/a, not run here -- is written once into
+the test's ``user_properties`` as a :class:`~conformance.engine.verdict.Verdict`, which the
+plugin reads back (also from xdist workers); the messages pytest shows are for people.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import re
 import traceback
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -29,13 +34,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
 from conformance.engine.defects import Blocked, ForwardError
-from conformance.engine.expectations import Expectation
+from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
 from conformance.engine.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
-from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, ReproUnavailable, script_name, write_script
-from conformance.spec import Spec
+from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
 from conformance.engine.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
+from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import (
     DEFAULT_EXAMPLE_TIMEOUT,
     ExampleAborted,
@@ -45,41 +50,16 @@ from conformance.engine.watchdog import (
     phase_at,
     phase_marks,
 )
+from conformance.spec import Spec
 from strategies.cases import LAYOUTS, Case, CaseOptions, cases
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
-    "COMPILE_BACKENDS",
-    "DEFAULT_COMPILE_BACKENDS",
-    "FAILURE_PROPERTY",
-    "FAILURE_REPORT_PROPERTY",
-    "NOT_APPLICABLE",
-    "NOT_RUN_HERE",
-    "PROFILES",
-    "REPRO_PROPERTY",
-    "STATUS_PROPERTY",
-    "UNMET_EXPECTATION_PROPERTY",
     "VARIED_CASES",
     "RunOptions",
     "Target",
     "example_seed",
 ]
-
-# Keys under which a test records what its report needs in ``item.user_properties`` (they travel
-# with the report, also from xdist workers): a non-plain outcome ("blocked by <contract>",
-# "waived", NOT_APPLICABLE, NOT_RUN_HERE) and the path of a failure's repro script.
-STATUS_PROPERTY = "conformance_status"
-REPRO_PROPERTY = "conformance_repro"
-# The one-line summary of a contract failure (the report's reason for the cell), and its whole
-# report (the message a reader wants, without pytest's traceback).
-FAILURE_PROPERTY = "conformance_failure"
-FAILURE_REPORT_PROPERTY = "conformance_failure_report"
-# The label of a dtype expectation whose dtype was exercised without failing (it is stale).
-UNMET_EXPECTATION_PROPERTY = "conformance_unmet_expectation"
-# A skip because the contract says nothing about this Function (single output, no CPU twin, ...)
-NOT_APPLICABLE = "not applicable"
-# A skip because this machine or run cannot check it (no CUDA, dtype excluded by --dtypes, ...)
-NOT_RUN_HERE = "not run here"
 
 # Requires-grad subsets, broadcasting, every layout, mask and grad_output kind: what the contracts
 # that own a defect others may meet anywhere (the memory contracts) draw from.
@@ -87,24 +67,17 @@ VARIED_CASES = CaseOptions(
     requires_grad="nonempty", broadcast=True, layouts=LAYOUTS, mask_kinds=MASK_KINDS, grad_output_kinds=GRAD_OUTPUT_KINDS
 )
 
-# torch.compile backends the compile contract knows how to judge (--compile-backends).
-COMPILE_BACKENDS = ("aot_eager", "inductor", "eager")
-DEFAULT_COMPILE_BACKENDS = ("aot_eager",)
-
-PROFILES: dict[str, dict[str, Any]] = {
-    # Every profile is seeded per test (see example_seed): same --seed => same examples and
-    # verdicts on any machine. database=None everywhere: a failure replayed from one machine's
-    # history would make verdicts depend on it. The profiles differ in how hard they look.
-    "dev": {"max_examples": 5},  # the local loop: a first verdict fast
-    "ci": {"max_examples": 10, "derandomize": True},  # fixed count, printed seed: what CI gates on
-    "thorough": {"max_examples": 100},  # before a release, or after touching a backward
-}
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The plugin's options that shape every property run."""
+    """The run's options that shape every property run (the plugin builds them from its own).
 
-    profile: str = "dev"
+    ``profile_settings`` are the Hypothesis settings of the run's profile (the plugin's
+    ``--profile`` table; Hypothesis' defaults when empty); ``max_examples`` overrides theirs and
+    every contract's own count.
+    """
+
+    profile_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     max_examples: int | None = None
     seed: int = 0
     impl: str = "reference_ops"
@@ -114,7 +87,7 @@ class RunOptions:
     compile_backends: tuple[str, ...] = ("aot_eager",)  # what the compile contract compiles with
 
     def hypothesis_settings(self) -> settings:
-        values = dict(PROFILES[self.profile])
+        values = dict(self.profile_settings)
         if self.max_examples is not None:
             values["max_examples"] = self.max_examples
         return settings(
@@ -155,6 +128,7 @@ class Target:
     dtype_expectations: tuple[Expectation, ...] = field(default=(), repr=False)  # xfail in that dtype only
     strict_expectations: bool = field(default=False, repr=False)
     flight: FlightRecorder | None = field(default=None, repr=False)  # what a crash report reads back
+    concluded: bool = field(default=False, repr=False)  # a verdict was written (see conclude)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -185,17 +159,39 @@ class Target:
         if self.options.dtypes is not None and torch.float64 not in self.options.dtypes:
             self.not_run_here(f"float64 is excluded by --dtypes; {why}")
 
-    def not_applicable(self, reason: str) -> None:
+    def not_applicable(self, reason: str) -> NoReturn:
         """Skip: the contract says nothing about this Function (reported as "n/a")."""
         __tracebackhide__ = True
-        self.user_properties.append((STATUS_PROPERTY, NOT_APPLICABLE))
-        pytest.skip(reason)
+        self._skip(Verdict(Outcome.NOT_APPLICABLE, reason, rerun=self.rerun))
 
-    def not_run_here(self, reason: str) -> None:
+    def not_run_here(self, reason: str) -> NoReturn:
         """Skip: this machine or these options cannot check it (reported as "not run here")."""
         __tracebackhide__ = True
-        self.user_properties.append((STATUS_PROPERTY, NOT_RUN_HERE))
-        pytest.skip(reason)
+        self._skip(Verdict(Outcome.NOT_RUN_HERE, reason, rerun=self.rerun))
+
+    def waived(self, reason: str) -> NoReturn:
+        """Skip: the spec waives this contract (``register(..., waivers={contract: why})``)."""
+        __tracebackhide__ = True
+        self._skip(Verdict(Outcome.WAIVED, reason, rerun=self.rerun))
+
+    def skip_blocked(self, blocked: Blocked) -> NoReturn:
+        """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
+        __tracebackhide__ = True
+        case = blocked.case.describe() if blocked.case is not None else ""
+        verdict = Verdict(
+            Outcome.BLOCKED, blocked.defect.summary, owner=blocked.defect.owner, case=case, rerun=self.rerun
+        )
+        self._skip(verdict)
+
+    def conclude(self, verdict: Verdict) -> None:
+        """Record this test's verdict (a later one replaces it) for the plugin's reports."""
+        self.user_properties.append(verdict.as_property())
+        self.concluded = True
+
+    def _skip(self, verdict: Verdict) -> NoReturn:
+        __tracebackhide__ = True
+        self.conclude(verdict)
+        pytest.skip(verdict.describe())
 
     def checked(self) -> None:
         """Count this example as one on which the contract checked its property.
@@ -254,8 +250,15 @@ class Target:
         autotune config runs with its kernel pinned to that config."""
         __tracebackhide__ = True
         pin = self.spec.autotune_pin
-        with pinned_config(*pin) if pin is not None else contextlib.nullcontext():
-            self._run(check, max_examples=max_examples)
+        try:
+            with pinned_config(*pin) if pin is not None else contextlib.nullcontext():
+                self._run(check, max_examples=max_examples)
+        except BaseException:
+            # An end the runner did not judge (the suite's own bug, a Hypothesis health check):
+            # failed, with pytest's report as its reason.
+            if not self.concluded:
+                self.conclude(Verdict(Outcome.FAILED, rerun=self.rerun))
+            raise
 
     def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:
         __tracebackhide__ = True
@@ -287,17 +290,52 @@ class Target:
             # (an aborted example -- a hang, sys.exit -- is not shrunk: it is that example).
             failure = error.failure if isinstance(error, ExampleAborted) else error
             assert isinstance(failure, ContractFailure)
-            self._attach_repro(failure)
-            self.user_properties.append((FAILURE_PROPERTY, failure.summary))
-            self.user_properties.append((FAILURE_REPORT_PROPERTY, str(failure)))
-            expected = self._expected_in(failure.dtype)
-            if expected is not None:
-                pytest.xfail(f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}")
+            self._fail(failure)
             if failure is not error:
                 raise failure from None
             raise
         self._require_checked()
-        self._note_unmet_expectations()
+        self._pass()
+
+    def _fail(self, failure: ContractFailure) -> None:
+        """Conclude a contract failure: its repro script, its verdict; an xfail when a dtype
+        expectation expects it."""
+        __tracebackhide__ = True
+        repro = ""
+        if self.repro_dir is not None:
+            repro = attach_script(
+                failure, self.repro_dir, contract=self.contract, spec_name=self.spec.name, device=self.device,
+                impl=self.options.impl, draws=self.last_draws, run_dir=self.run_dir or Path.cwd(),
+            )
+        case = self.context.case.describe() if self.context is not None and self.context.case is not None else ""
+        verdict = Verdict(
+            Outcome.FAILED, failure.summary, case=case, repro=repro, rerun=self.rerun, message=str(failure)
+        )
+        expected = expected_in(self.dtype_expectations, failure.dtype)
+        if expected is None:
+            self.conclude(verdict)
+            return
+        reason = f"expected deviation {expected.label}: {expected.reason}; failed with: {failure.summary}"
+        self.conclude(replace(verdict, outcome=Outcome.XFAILED, reason=reason))
+        pytest.xfail(reason)
+
+    def _pass(self) -> None:
+        """Conclude a pass; a dtype expectation whose dtype was checked and passed is stale (and
+        fails the test if expectations are strict)."""
+        __tracebackhide__ = True
+        seen = self.context.dtypes_seen if self.context is not None else set()
+        stale = unmet(self.dtype_expectations, seen)
+        labels = tuple(e.label for e in stale)
+        if stale and self.strict_expectations:
+            message = (
+                f"[{self.contract}] expected deviation {stale[0].label} did not occur: {self.spec.name} passed on "
+                f"{stale[0].dtype} examples; remove the entry (strict expectations)"
+            )
+            self.conclude(Verdict(
+                Outcome.FAILED, message, rerun=self.rerun, message=message, unmet_expectations=labels
+            ))
+            pytest.fail(message, pytrace=False)
+        self.conclude(Verdict(Outcome.PASSED, rerun=self.rerun, unmet_expectations=labels))
 
     def _require_checked(self) -> None:
         """No vacuous passes: when no example checked the property, skip as n/a with the reasons
@@ -315,24 +353,6 @@ class Target:
                 pytrace=False,
             )
         self.not_applicable("nothing to check: " + "; ".join(self.context.unchecked))
-
-    def _expected_in(self, dtype: torch.dtype | None) -> Expectation | None:
-        name = str(dtype).removeprefix("torch.")
-        return next((e for e in self.dtype_expectations if e.dtype == name), None)
-
-    def _note_unmet_expectations(self) -> None:
-        """A dtype expectation whose dtype was checked and passed is stale (and fails if strict)."""
-        __tracebackhide__ = True
-        seen = self.context.dtypes_seen if self.context is not None else set()
-        unmet = [e for e in self.dtype_expectations if any(self._expected_in(d) is e for d in seen)]
-        for expectation in unmet:
-            self.user_properties.append((UNMET_EXPECTATION_PROPERTY, expectation.label))
-        if unmet and self.strict_expectations:
-            pytest.fail(
-                f"[{self.contract}] expected deviation {unmet[0].label} did not occur: {self.spec.name} passed on "
-                f"{unmet[0].dtype} examples; remove the entry (strict expectations)",
-                pytrace=False,
-            )
 
     def _property(self, check: Callable[[Target, st.DataObject], None]) -> Callable[[Any], None]:
         """``check`` with its draws recorded and any raw error turned into a labelled failure."""
@@ -409,31 +429,6 @@ class Target:
         if self.context is not None:
             self.context.interpreter_limits.setdefault(str(limit), None)
         return True
-
-    def _attach_repro(self, failure: ContractFailure) -> None:
-        """Write the repro script of the failing example; keep the inline snippet if it cannot be."""
-        if self.repro_dir is None:
-            return
-        path = self.repro_dir / script_name(self.contract, self.spec.name, self.device)
-        try:
-            write_script(
-                path, contract=self.contract, spec_name=self.spec.name, device=self.device,
-                impl=self.options.impl, draws=self.last_draws, summary=failure.summary,
-                run_dir=self.run_dir or Path.cwd(),
-            )
-        except (ReproUnavailable, OSError) as error:
-            failure.head += f"\n  (no repro script: {error})"
-            return
-        failure.repro_path = str(path)
-        self.user_properties.append((REPRO_PROPERTY, str(path)))
-
-    def skip_blocked(self, blocked: Blocked) -> None:
-        """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
-        __tracebackhide__ = True
-        self.user_properties.append((STATUS_PROPERTY, f"blocked by {blocked.defect.owner}"))
-        case = f"; case: {blocked.case.describe()}" if blocked.case is not None else ""
-        rerun = f"; rerun: {self.rerun}" if self.rerun else ""
-        pytest.skip(f"blocked by {blocked.defect.owner}: {blocked.defect.summary}; see {blocked.defect.owner}{case}{rerun}")
 
 
 def _innermost_frame(error: BaseException) -> Any:

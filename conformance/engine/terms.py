@@ -42,7 +42,7 @@ def _is_float(value: Any) -> bool:
 _PROBE = 2.0**-30
 
 
-class TermMagnitudes(TorchDispatchMode):
+class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch does not annotate it
     """First-order running error bounds, in units of the rounding unit, for every floating
     tensor computed under it; :meth:`of` returns one for a result (``|result|`` if unseen).
 
@@ -54,7 +54,7 @@ class TermMagnitudes(TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         # id -> (tensor, bound); the tensor is kept alive so the id stays its own.
         self._bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 

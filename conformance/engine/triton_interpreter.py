@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from conformance.spec.autotune import autotuned_configs, describe_config
+
 __all__ = [
     "LIBDEVICE_FALLBACKS",
     "InterpreterLimit",
@@ -278,25 +280,6 @@ def _patch_bfloat16_launches() -> None:
         return original_call(self, *args, **kwargs)
 
     interpreter.GridExecutor.__call__ = call
-
-
-def autotuned_configs(kernel: Any) -> list[Any]:
-    """The ``triton.Config`` list of an ``@triton.autotune`` kernel; ValueError for anything else."""
-    configs = getattr(kernel, "configs", None)
-    if not isinstance(configs, list) or not configs or not hasattr(kernel, "keys"):
-        raise ValueError(f"{kernel!r} is not an @triton.autotune kernel (no configs)")
-    return list(configs)
-
-
-def describe_config(config: Any) -> str:
-    """``BLOCK_M=16, BLOCK_N=32, num_warps=4``: the kwargs then the launch options that differ
-    from the defaults."""
-    parts = [f"{k}={v}" for k, v in getattr(config, "kwargs", {}).items()]
-    for option, default in (("num_warps", 4), ("num_stages", 3), ("num_ctas", 1)):
-        value = getattr(config, option, None)
-        if value is not None and value != default:
-            parts.append(f"{option}={value}")
-    return ", ".join(parts) or "defaults"
 
 
 @contextlib.contextmanager

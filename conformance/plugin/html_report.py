@@ -161,9 +161,8 @@ def _cell_html(function: str, device: str, contract: str, cell: Cell | None) -> 
         return '<td class="empty" title="not collected"></td>'
     key = test_key(contract, row_label(function, device))
     label = esc(LABELS[cell.outcome])
-    if cell.outcome == "blocked":
-        owner = cell.short_label.removeprefix("blocked by ").removeprefix("blocked")
-        label += f"<small>{esc(owner)}</small>" if owner else ""
+    if cell.outcome == "blocked" and cell.owner:
+        label += f"<small>{esc(cell.owner)}</small>"
     if cell.outcome in FAILURE_OUTCOMES:
         label = f'<a href="#{anchor_id(key)}">{label}</a>'
     return f'<td class="o-{cell.outcome}" title="{esc(_title(key, cell))}">{label}</td>'

@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 from _pytest.runner import runtestprotocol
 
+from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import Crash, FlightRecorder, describe_crash
+from conformance.plugin.collection import TEST_PROPERTY
 
 __all__ = ["ForkIsolation", "XdistCrashReports", "crash_text", "exit_status_text"]
 
@@ -61,18 +63,10 @@ def crash_text(crash: Crash) -> str:
 
 
 def crash_properties(crash: Crash, text: str) -> list[tuple[str, object]]:
-    """The user_properties a crash report carries into the outcome matrix."""
-    from conformance.engine.runner import FAILURE_PROPERTY, FAILURE_REPORT_PROPERTY
-    from conformance.plugin.session import RERUN_PROPERTY, TEST_PROPERTY
-
-    properties: list[tuple[str, object]] = [
-        (TEST_PROPERTY, (crash.contract, crash.function, crash.device)),
-        (FAILURE_PROPERTY, crash.summary),
-        (FAILURE_REPORT_PROPERTY, text),
-    ]
-    if crash.rerun:
-        properties.append((RERUN_PROPERTY, crash.rerun))
-    return properties
+    """The user_properties a crash report carries into the outcome matrix: the test it was, and
+    its verdict (failed, with the crash report as its message)."""
+    verdict = Verdict(Outcome.FAILED, crash.summary, case=crash.case or "", rerun=crash.rerun or "", message=text)
+    return [(TEST_PROPERTY, (crash.contract, crash.function, crash.device)), verdict.as_property()]
 
 
 def warm_up() -> None:
@@ -96,8 +90,6 @@ class ForkIsolation:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        from conformance.plugin.session import TEST_PROPERTY
-
         if not any(name == TEST_PROPERTY for name, _ in item.user_properties):
             return None  # not a contract test: pytest runs it as usual
         ihook = item.ihook
@@ -182,6 +174,6 @@ class XdistCrashReports:
             return
         text = crash_text(crash)
         report.longrepr = text
-        report.when = "call"  # type: ignore[assignment]
+        report.when = "call"
         report.user_properties = [*report.user_properties, *crash_properties(crash, text)]
 

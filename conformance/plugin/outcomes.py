@@ -1,20 +1,22 @@
 """The Functions x devices x contracts outcome matrix and its reports (terminal, JSON, Markdown, HTML).
 
 The plugin records one `Cell` per contract test; this module only lays the cells out. Keeping it
-free of pytest lets the reports be built and tested from a hand-made matrix.
+free of pytest lets the reports be built and tested from a hand-made matrix. The outcome
+vocabulary is :class:`conformance.engine.verdict.Outcome`'s; the HTML page is
+:mod:`conformance.plugin.html_report`'s, and :mod:`conformance.plugin.reports` writes the files.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from conformance.engine.verdict import Outcome
 
 __all__ = [
     "FAILURE_OUTCOMES",
@@ -29,9 +31,7 @@ __all__ = [
 
 SCHEMA_VERSION = 2  # the JSON report's format; the first format (before "schema_version") counts as 1
 
-OUTCOMES = (
-    "passed", "failed", "error", "xfailed", "xpassed", "blocked", "waived", "not_applicable", "not_run_here", "skipped",
-)
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
 FAILURE_OUTCOMES = ("failed", "error", "xpassed")  # what makes a run red, and what the failures list shows
 
 # One short symbol per outcome for the terminal table (pytest's own letters where it has one).
@@ -83,10 +83,13 @@ class Cell:
     repro: str = ""  # path of the repro script written for a failure ("" if none)
     message: str = ""  # the full failure report (multi-line) for failed/error cells
     rerun: str = ""  # the command that replays this test
+    owner: str = ""  # the contract whose defect blocks this one (blocked cells)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"Cell.outcome must be one of {', '.join(OUTCOMES)}; got {self.outcome!r}")
+        if self.owner and self.outcome != "blocked":
+            raise ValueError(f"Cell.owner names the contract blocking a blocked cell; got {self.owner!r} on {self.outcome!r}")
 
     @property
     def summary(self) -> str:
@@ -99,9 +102,8 @@ class Cell:
     @property
     def short_label(self) -> str:
         """The Markdown cell text: `blocked by grad_meta` rather than the whole blocking defect."""
-        if self.outcome == "blocked":
-            match = re.match(r"\s*blocked by ([^:;,\s]+)", self.reason)
-            return f"blocked by {match.group(1)}" if match else "blocked"
+        if self.outcome == "blocked" and self.owner:
+            return f"blocked by {self.owner}"
         return LABELS[self.outcome]
 
 
@@ -374,21 +376,6 @@ class OutcomeMatrix:
 
     def markdown(self, run: RunInfo) -> str:
         return "\n".join(_markdown_lines(self, run)) + "\n"
-
-    def html(self, run: RunInfo) -> str:
-        from conformance.plugin.html_report import render_html  # imports this module: loaded on first use
-
-        return render_html(self, run)
-
-    def write(self, path: str | Path, run: RunInfo) -> list[Path]:
-        """Write PATH.json, PATH.md and PATH.html (parent folders created); return the three paths."""
-        base = str(path)
-        paths = [Path(f"{base}.json"), Path(f"{base}.md"), Path(f"{base}.html")]
-        paths[0].parent.mkdir(parents=True, exist_ok=True)
-        paths[0].write_text(json.dumps(self.to_json(run), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        paths[1].write_text(self.markdown(run), encoding="utf-8")
-        paths[2].write_text(self.html(run), encoding="utf-8")
-        return paths
 
 
 def row_label(function: str, device: str) -> str:

@@ -1,0 +1,517 @@
+"""Every call the suite makes of a target or of a reference: forward, backward, double backward
+and transformed calls (autocast, forward-mode AD, torch.func, torch.compile).
+
+This is the one module that calls ``Function.apply``, ``torch.autograd.grad`` and
+``torch.autograd.backward``; the contracts only judge what it returns. Every call of the
+Function goes through :func:`forward` (or :func:`execute`, forward then backward with the record
+the contracts inspect), with these options:
+
+* how the Function is called: ``"probe"`` (a recording subclass, :func:`conformance.engine.probe.probe`),
+  ``"guarded"`` (records nothing, so it keeps nothing alive) -- both under the allocation policy
+  of every evaluation (:func:`conformance.engine.harness.allocation_policy`) -- or as its users
+  call it (:func:`user_call`: ``spec.op.call`` under :func:`conformance.engine.harness.user_allocations`);
+* the allocation policy (``allocations``; the spec's by default);
+* which inputs require grad (``requires_grad`` in :func:`execute`, or the arguments given);
+* the grad_outputs (chosen by the caller, or drawn from the case) and which outputs they are for;
+* ``create_graph`` / ``retain_graph`` (:func:`gradients`);
+* an autocast region around forward (``autocast=(device_type, dtype)``), backward outside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from conformance.engine.defects import ForwardError, require_sound
+from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
+from conformance.engine.harness import (
+    Execution,
+    allocation_policy,
+    as_tuple,
+    differentiable_positions,
+    forward_args,
+    random_state,
+    user_allocations,
+)
+from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
+from conformance.engine.probe import Recorder, guarded, probe
+from conformance.engine.terms import TermMagnitudes
+from strategies.cases import Case
+
+__all__ = [
+    "Autocast",
+    "Evaluated",
+    "Forward",
+    "backward_every_leaf",
+    "evaluate",
+    "evaluate_with_terms",
+    "execute",
+    "forward",
+    "forward_mode",
+    "function_of_tensors",
+    "gradients",
+    "outputs_and_grads",
+    "preflight",
+    "recorded_function_of_tensors",
+    "reference_jvp",
+    "run_reference",
+    "user_call",
+    "user_evaluate",
+    "vjp_call",
+    "vmap_call",
+]
+
+Autocast = tuple[str, torch.dtype]  # (device_type, dtype) of a torch.autocast region around forward
+How = Literal["probe", "guarded"]
+
+
+# ----------------------------------------------------------------------------- primitives
+
+
+def _autocast(autocast: Autocast | None) -> contextlib.AbstractContextManager[Any]:
+    if autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=autocast[0], dtype=autocast[1])
+
+
+def _apply(function: type[torch.autograd.Function], passed: Sequence[Any]) -> tuple[Any, ...]:
+    """The only ``Function.apply`` of the suite."""
+    return as_tuple(function.apply(*passed))  # type: ignore[no-untyped-call]  # torch does not annotate it
+
+
+def gradients(
+    outputs: Sequence[torch.Tensor],
+    wrt: Sequence[torch.Tensor],
+    grad_outputs: Sequence[torch.Tensor] | None,
+    *,
+    create_graph: bool = False,
+    retain_graph: bool | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad`` of ``outputs`` with respect to ``wrt`` (unused inputs get None):
+    the only place the suite calls it."""
+    return tuple(torch.autograd.grad(
+        list(outputs), list(wrt), grad_outputs, retain_graph=retain_graph, create_graph=create_graph, allow_unused=True
+    ))
+
+
+def backward_every_leaf(outputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]) -> None:
+    """``torch.autograd.backward`` (what ``loss.backward()`` does): a pass that reaches every leaf.
+
+    Not :func:`gradients`: through a ``@once_differentiable`` backward, ``torch.autograd.grad(...,
+    inputs=...)`` prunes the error node and silently returns None, while this raises -- what a
+    gradient-penalty training step sees. Gradients accumulate into the leaves' ``.grad``.
+    """
+    torch.autograd.backward(list(outputs), list(grad_outputs))
+
+
+# ----------------------------------------------------------------------------- the Function
+
+
+@dataclass
+class Forward:
+    """One forward of the Function: its outputs and the probe's record (empty unless probed)."""
+
+    outputs: tuple[Any, ...]
+    recorder: Recorder
+    passed: list[Any]
+
+
+def forward(
+    case: Case,
+    args: Sequence[Any],
+    *,
+    how: How = "probe",
+    fn: type[torch.autograd.Function] | None = None,
+    allocations: AllocationPolicy | None = None,
+    autocast: Autocast | None = None,
+    passed: Sequence[Any] | None = None,
+) -> Forward:
+    """Forward of ``fn`` (the spec's Function) on ``args`` (the leaves), called ``how``, under
+    ``allocations`` (the spec's policy by default) and ``autocast``. Forward receives ``passed``
+    (default :func:`conformance.engine.harness.forward_args`: declared in-place inputs cloned)."""
+    policy = allocation_policy(case.spec) if allocations is None else allocations
+    target = fn or case.spec.fn
+    if how == "guarded":
+        function, recorder = guarded(target, policy), Recorder()
+    else:
+        function, recorder = probe(target, allocations=policy)
+    given = forward_args(case, args) if passed is None else list(passed)
+    with _autocast(autocast):
+        outputs = _apply(function, given)
+    return Forward(outputs, recorder, given)
+
+
+def execute(
+    case: Case,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+    requires_grad: frozenset[str] | set[str] | None = None,
+    backward: bool = True,
+    fn: type[torch.autograd.Function] | None = None,
+    grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None = None,
+    retain_graph: bool = False,
+    after_forward: Callable[[Execution], None] | None = None,
+    after_backward: Callable[[Execution], None] | None = None,
+    guard_inputs: bool = False,
+) -> Execution:
+    """Forward through a probed copy of the Function; then backward unless told not to.
+
+    Backward goes through ``torch.autograd.grad`` with respect to every input that requires grad,
+    so the engine's own checks still run; its errors are kept in ``backward_error`` (see
+    :func:`conformance.engine.defects.require_sound`) because the raw record usually explains them. A forward that
+    raises is re-raised as :class:`ForwardError`, which the runner reports as the contract's
+    failure with the case. Every call builds fresh inputs from the case's recipes, so a Function
+    that writes into its inputs cannot change what another evaluation sees. ``after_forward`` is
+    called between forward and backward, ``after_backward`` after a backward that returned (the
+    global_state contract looks at torch's state there); torch's global flags are put back when
+    the call returns (:func:`conformance.engine.global_state.kept_flags`).
+
+    The Function's own uninitialised allocations are poisoned (:func:`allocation_policy`); when
+    an output or gradient then holds NaN, the case runs again with zero-filled allocations and
+    the elements that were NaN only with poison go into ``unwritten``. Each such allocation sits
+    inside a canary-margined buffer (``recorder.canaries``); ``guard_inputs`` puts the tensor
+    inputs and grad_outputs inside such buffers too.
+    """
+    policy = allocation_policy(case.spec)
+    options = _Options(dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph)
+
+    def run(allocations: AllocationPolicy, *, first: bool) -> Execution:
+        with kept_flags():  # a Function that leaks global state is global_state's finding only
+            hooks = (after_forward, after_backward) if first else (None, None)
+            return _execute(case, options, hooks, allocations, guard_inputs and first)
+
+    rng_before = rng_states()
+    execution = run(policy, first=True)
+    if policy.fill == "poison" and execution.recorder.uninitialised_allocations and poison_candidates(execution.observed()):
+        zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
+        execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
+    return execution
+
+
+@dataclass(frozen=True)
+class _Options:
+    dtype: torch.dtype | None
+    device: str | None
+    requires_grad: frozenset[str] | set[str] | None
+    backward: bool
+    fn: type[torch.autograd.Function] | None
+    grad_outputs: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None
+    retain_graph: bool
+
+
+Hooks = tuple[Callable[[Execution], None] | None, Callable[[Execution], None] | None]
+
+
+def _confirm_unwritten(execution: Execution, rng_before: RngStates, rerun: Callable[[], Execution]) -> list[Any]:
+    """The same evaluation with zero-filled allocations (the generators as they were, so random
+    draws match): elements poisoned in the first run but not with zeros were never written."""
+    rng_after = rng_states()
+    set_rng_states(rng_before)
+    try:
+        zeroed = rerun()
+    except Exception:  # a second run that fails proves nothing either way
+        return []
+    finally:
+        set_rng_states(rng_after)
+    return unwritten_elements(execution.observed(), dict(zeroed.observed()))
+
+
+def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPolicy, guard_inputs: bool) -> Execution:
+    probed, recorder = probe(options.fn or case.spec.fn, allocations=policy)
+    args = case.args(dtype=options.dtype, device=options.device, requires_grad=options.requires_grad)
+    if guard_inputs:
+        args = [_between_canaries(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
+    passed = forward_args(case, args)
+    try:
+        outputs = _apply(probed, passed)
+    except Exception as error:
+        raise ForwardError(f"{type(error).__name__}: {error}") from error
+    execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder, passed=passed)
+    execution.diff_positions = differentiable_positions(outputs)
+    after_forward, after_backward = hooks
+    if after_forward is not None:
+        after_forward(execution)
+    if not options.backward:
+        return execution
+    wrt = [arg for arg in args if isinstance(arg, torch.Tensor) and arg.requires_grad]
+    diff_outputs = [outputs[p] for p in execution.diff_positions]
+    if not wrt or not diff_outputs:
+        return execution
+    make = options.grad_outputs or (lambda outs: case.grad_outputs(outs))
+    execution.grad_outputs = tuple(make(diff_outputs))
+    if guard_inputs:
+        execution.grad_outputs = tuple(
+            _between_canaries(g, policy.margin, f"grad_output[{i}]", recorder) for i, g in enumerate(execution.grad_outputs)
+        )
+    execution.grad_outputs_before = tuple(g.detach().clone() for g in execution.grad_outputs)
+    try:
+        grads = gradients(diff_outputs, wrt, execution.grad_outputs, retain_graph=options.retain_graph)
+    except Exception as error:  # the contracts explain engine errors from the raw record
+        execution.backward_error = error
+        return execution
+    execution.grads = dict(zip(execution.wrt_names, grads))
+    if after_backward is not None:
+        after_backward(execution)
+    return execution
+
+
+def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
+    """``value`` moved into a canary-margined buffer (tensors only; the canaries go to ``recorder``)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    copy, canaries = padded_copy(value, margin, label)
+    if canaries is not None:
+        recorder.canaries.append(canaries)
+    return copy
+
+
+def preflight(contract: str, case: Case, *, dtype: torch.dtype | None = None) -> Execution:
+    """Forward and backward of ``case`` through the probe, stopping (failure or "blocked by")
+    on a crash or a structural defect; for contracts that then drive the Function themselves."""
+    __tracebackhide__ = True
+    with random_state(case.spec, case):
+        execution = execute(case, dtype=dtype)
+    require_sound(contract, execution)
+    return execution
+
+
+def recorded_function_of_tensors(
+    case: Case, args: Sequence[Any], wrt_positions: Sequence[int], fn: type[torch.autograd.Function] | None = None
+) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Recorder]:
+    """:func:`function_of_tensors` and the recorder of its probe (every backward call it made)."""
+    # gradcheck calls it hundreds of times: nothing looks at its canaries, so none are kept.
+    allocations = dataclasses.replace(allocation_policy(case.spec), keep_canaries=False)
+    function, recorder = probe(fn or case.spec.fn, shield=True, allocations=allocations)
+
+    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        # Clones (their gradient flows back to gradcheck's tensors): a forward or backward that
+        # writes into its inputs must not move the very points gradcheck perturbs. Such writes
+        # are the inplace contract's finding, not a wrong derivative.
+        for position, tensor in zip(wrt_positions, wrt):
+            full[position] = tensor.clone()
+        with random_state(case.spec, case), kept_flags():
+            outputs = _apply(function, forward_args(case, full))
+        return tuple(o for o in outputs if isinstance(o, torch.Tensor))
+
+    return call, recorder
+
+
+def function_of_tensors(
+    case: Case, args: Sequence[Any], wrt_positions: Sequence[int], fn: type[torch.autograd.Function] | None = None
+) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``fn`` as a function of the tensors at ``wrt_positions`` (the others fixed), for gradcheck
+    and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
+    the same random numbers in every call (so finite differences are meaningful), and Python
+    values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
+    return recorded_function_of_tensors(case, args, wrt_positions, fn)[0]
+
+
+# ----------------------------------------------------------------------------- plain functions
+
+
+@dataclass
+class Evaluated:
+    """Outputs and input gradients of one evaluation (of the impl, the truth or the baseline).
+
+    ``terms`` (truth only, see :mod:`conformance.engine.terms`): per output position / gradient name,
+    the running error bound of each value in rounding units -- how large the terms are that it
+    was computed from.
+    """
+
+    outputs: tuple[Any, ...]
+    grads: dict[str, torch.Tensor | None]
+    output_terms: dict[int, torch.Tensor] = field(default_factory=dict)
+    grad_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def evaluate(
+    func: Callable[..., Any],
+    args: Sequence[Any],
+    names: Sequence[str],
+    grad_outputs: Mapping[int, torch.Tensor],
+    *,
+    autocast: Autocast | None = None,
+) -> Evaluated:
+    """Run ``func(*args)`` (inside ``autocast`` when given) and backpropagate ``grad_outputs`` (by
+    output position) outside it.
+
+    Gradients are taken with respect to every tensor argument that requires grad; each
+    grad_output is cast to its output's dtype and device first.
+    """
+    with _autocast(autocast):
+        outputs = as_tuple(func(*args))
+    wrt = [(name, a) for name, a in zip(names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    positions = [p for p in differentiable_positions(outputs) if p in grad_outputs]
+    if not wrt or not positions:
+        return Evaluated(outputs, {})
+    grads = gradients(
+        [outputs[p] for p in positions],
+        [a for _, a in wrt],
+        [grad_outputs[p].detach().to(device=outputs[p].device, dtype=outputs[p].dtype) for p in positions],
+    )
+    return Evaluated(outputs, {name: grad for (name, _), grad in zip(wrt, grads)})
+
+
+def evaluate_with_terms(
+    func: Callable[..., Any],
+    args: Sequence[Any],
+    names: Sequence[str],
+    grad_outputs: Mapping[int, torch.Tensor],
+) -> Evaluated:
+    """:func:`evaluate` under :class:`TermMagnitudes`, with each result's term bound; a
+    reference the measurement cannot follow is evaluated plainly (bounds = |result|)."""
+    mode = TermMagnitudes()
+    try:
+        with mode:
+            result = evaluate(func, args, names, grad_outputs)
+    except Exception:
+        return evaluate(func, [fresh(a) for a in args], names, grad_outputs)
+    result.output_terms = {
+        position: mode.of(out).detach() for position, out in enumerate(result.outputs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point()
+    }
+    result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
+    return result
+
+
+def fresh(value: Any) -> Any:
+    """A fresh leaf copy of a tensor (keeping requires_grad); other values unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    return value
+
+
+def outputs_and_grads(
+    func: Callable[..., Any], case: Case, grad_outputs: dict[int, torch.Tensor] | None
+) -> tuple[Evaluated, dict[int, torch.Tensor]]:
+    """Outputs and gradients of ``func`` (the target as users call it, or a compiled version) on
+    fresh inputs from ``case``, under its RNG state; grad_outputs are drawn from the case when
+    not given (and returned, for the next call), and passed as they are."""
+    args = case.args()
+    names = [r.name for r in case.recipes]
+    with random_state(case.spec, case):
+        outputs = as_tuple(func(*forward_args(case, args)))
+        if grad_outputs is None:
+            positions = differentiable_positions(outputs)
+            grad_outputs = dict(zip(positions, case.grad_outputs([outputs[p] for p in positions])))
+        wrt = [(n, a) for n, a in zip(names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        positions = [p for p in differentiable_positions(outputs) if p in grad_outputs]
+        grads: dict[str, torch.Tensor | None] = {}
+        if wrt and positions:
+            found = gradients([outputs[p] for p in positions], [a for _, a in wrt], [grad_outputs[p] for p in positions])
+            grads = {n: g for (n, _), g in zip(wrt, found)}
+        elif wrt and grad_outputs:
+            grads = {n: None for n, _ in wrt}  # outputs detached from the graph: no gradient reaches any input
+    return Evaluated(outputs, grads), grad_outputs
+
+
+def run_reference(
+    func: Callable[..., Any],
+    case: Case,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    requires_grad: frozenset[str] | set[str] | None = None,
+    grad_outputs_from: Sequence[torch.Tensor] | None = None,
+) -> tuple[tuple[Any, ...], dict[str, torch.Tensor | None]]:
+    """Outputs and input gradients of a plain differentiable function (reference/surrogate)."""
+    args = case.args(dtype=dtype, device=device, requires_grad=requires_grad)
+    outputs = as_tuple(func(*args))
+    positions = differentiable_positions(outputs)
+    wrt_names = [r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not positions or not wrt:
+        return outputs, {}
+    diff_outputs = [outputs[p] for p in positions]
+    if grad_outputs_from is not None:
+        grad_outs = tuple(g.detach().to(device=device, dtype=o.dtype) for g, o in zip(grad_outputs_from, diff_outputs))
+    else:
+        grad_outs = tuple(case.grad_outputs(diff_outputs))
+    grads = gradients(diff_outputs, wrt, grad_outs)
+    return outputs, dict(zip(wrt_names, grads))
+
+
+# ----------------------------------------------------------------------------- as users call it
+
+
+def user_call(case: Case, args: Sequence[Any] | None = None, *, grad: bool = True) -> tuple[Any, ...]:
+    """The target called as its users call it (``spec.op.call``) on ``args`` (fresh ones from the
+    case, built inside, when None; declared in-place inputs cloned), under the allocation policy
+    of every evaluation; without ``grad``, under ``torch.no_grad()``."""
+    with contextlib.ExitStack() as stack:
+        if not grad:
+            stack.enter_context(torch.no_grad())
+        stack.enter_context(user_allocations(case.spec))
+        return as_tuple(case.spec.op.call(*forward_args(case, case.args() if args is None else args)))
+
+
+def user_evaluate(case: Case, names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor]) -> Evaluated:
+    """:func:`evaluate` of the target as users call it, on fresh inputs from the case, forward and
+    backward under the allocation policy of every evaluation."""
+    with user_allocations(case.spec):
+        return evaluate(lambda *a: case.spec.op.call(*forward_args(case, a)), case.args(), names, grad_outputs)
+
+
+def forward_mode(
+    call: Callable[..., Any], case: Case, args: list[Any], tangents: Mapping[int, torch.Tensor]
+) -> tuple[tuple[Any, ...], list[torch.Tensor | None]]:
+    """Primal outputs and their tangents (None: none came back) of ``call`` on dual inputs
+    (forward-mode AD), under the case's RNG state and the allocation policy."""
+    with fwAD.dual_level(), random_state(case.spec, case):
+        duals = [fwAD.make_dual(a, tangents[i]) if i in tangents else a for i, a in enumerate(args)]  # type: ignore[no-untyped-call]
+        with user_allocations(case.spec):
+            outputs = as_tuple(call(*forward_args(case, duals)))
+        unpacked = [fwAD.unpack_dual(o) if isinstance(o, torch.Tensor) else None for o in outputs]  # type: ignore[no-untyped-call]
+        primals = tuple(u.primal.detach().clone() if u is not None else o for u, o in zip(unpacked, outputs))
+        found = [u.tangent.detach().clone() if u is not None and u.tangent is not None else None for u in unpacked]
+    return primals, found
+
+
+def reference_jvp(case: Case, args: Sequence[Any], tangents: Mapping[int, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+    """``torch.func.jvp`` of the spec's reference at ``args`` along ``tangents`` (the caller sets
+    the RNG state)."""
+    positions = sorted(tangents)
+
+    def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, value in zip(positions, values):
+            full[position] = value
+        return tuple(o for o in as_tuple(case.spec.reference(*full)) if isinstance(o, torch.Tensor))
+
+    found = torch.func.jvp(of_differentiable, tuple(args[p] for p in positions), tuple(tangents[p] for p in positions))[1]
+    return tuple(found)
+
+
+def vmap_call(case: Case, in_dims: Sequence[int | None], batched: Sequence[Any]) -> tuple[Any, ...]:
+    """``torch.func.vmap`` of the target (as users call it) over ``batched``, under the case's
+    RNG state and the allocation policy."""
+    with random_state(case.spec, case), user_allocations(case.spec):
+        return as_tuple(torch.func.vmap(case.spec.op.call, in_dims=tuple(in_dims))(*batched))
+
+
+def vjp_call(
+    case: Case, args: Sequence[Any], wrt: Sequence[int], floating: Sequence[int], grad_outputs: Mapping[int, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """``torch.func.vjp`` of the target (as users call it) with respect to the inputs at ``wrt``,
+    pulled back along ``grad_outputs`` of the ``floating`` outputs."""
+    spec = case.spec
+
+    def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, value in zip(wrt, values):
+            full[position] = value
+        out = as_tuple(spec.op.call(*forward_args(case, full)))
+        return tuple(out[p] for p in floating)
+
+    with random_state(spec, case), user_allocations(spec):
+        vjp_fn = torch.func.vjp(of_differentiable, *(args[p].detach() for p in wrt))[1]
+        return tuple(vjp_fn(tuple(grad_outputs[p] for p in floating)))
+

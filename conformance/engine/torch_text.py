@@ -1,0 +1,70 @@
+"""Everything the suite reads out of torch's own message text, in one place.
+
+torch reports some facts only in prose: which input gradcheck found wrong, that a backward is not
+reentrant, that double backward went through ``@once_differentiable``, that Dynamo cannot trace a
+Function with a ``jvp``. The phrases are torch's, not an API, and may change between versions:
+``tests/test_torch_text.py`` pins each one against the messages the installed torch really
+produces (torch 2.13), so a torch upgrade that rewords one fails there, not as a silently
+vaguer report.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "JIT_SCRIPT_DEPRECATION",
+    "PINNED_TORCH",
+    "dynamo_refuses_jvp",
+    "gradcheck_input",
+    "gradcheck_not_reentrant",
+    "gradgradcheck_output_and_input",
+    "is_once_differentiable_node",
+    "raised_by_once_differentiable",
+]
+
+# The torch release whose messages tests/test_torch_text.py checks.
+PINNED_TORCH = "2.13"
+
+# The warning torch's forward-AD machinery gives when it scripts a helper on first use.
+JIT_SCRIPT_DEPRECATION = r".*torch\.jit\.script.* is deprecated"
+
+_GRADCHECK_INPUT = re.compile(r"with respect to input (\d+)")
+_GRADGRADCHECK_PAIR = re.compile(r"output (\d+) with respect to input (\d+)")
+
+
+def gradcheck_not_reentrant(message: str) -> bool:
+    """A ``GradcheckError`` saying two backward calls on the same graph differed."""
+    return "not reentrant" in message
+
+
+def gradcheck_input(message: str) -> int | None:
+    """The input position a ``GradcheckError`` names ("... with respect to input 1"), or None."""
+    match = _GRADCHECK_INPUT.search(message)
+    return int(match.group(1)) if match else None
+
+
+def gradgradcheck_output_and_input(message: str) -> tuple[int, int] | None:
+    """``(output, input)`` a gradgradcheck ``GradcheckError`` names ("Jacobian mismatch for output
+    0 with respect to input 2"): the output is a first-order gradient, the input one of the
+    function's inputs followed by the grad_outputs. None when it names none."""
+    match = _GRADGRADCHECK_PAIR.search(message)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def raised_by_once_differentiable(error: BaseException) -> bool:
+    """The error a double backward through a ``@once_differentiable`` backward raises."""
+    return "once_differentiable" in str(error)
+
+
+def is_once_differentiable_node(grad_fn: Any) -> bool:
+    """A graph node that only raises when differentiated (what ``@once_differentiable`` attaches
+    to a gradient computed under ``create_graph=True``): torch names it ``...Error...``."""
+    return grad_fn is not None and "Error" in grad_fn.name()
+
+
+def dynamo_refuses_jvp(text: str) -> bool:
+    """Dynamo's refusal to trace an autograd.Function that defines ``jvp`` (``text``: the error's
+    message, whitespace collapsed)."""
+    return "jvp" in text

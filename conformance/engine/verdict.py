@@ -1,0 +1,142 @@
+"""What one contract test concluded, as one typed value that crosses processes.
+
+The runner (:mod:`conformance.engine.runner`) writes a :class:`Verdict` into the test item's
+``user_properties`` under :data:`VERDICT_PROPERTY`, serialised as one JSON string: user
+properties travel with every report, also from pytest-xdist workers and forked children, and a
+string survives every serialiser on the way. The plugin reads it back with
+:meth:`Verdict.from_json` (:meth:`Verdict.of` finds it); nothing is parsed out of the prose a
+user reads (skip messages, pytest's long report).
+
+The outcome vocabulary (:class:`Outcome`) is the report's: the outcome matrix, its JSON report
+and its labels are keyed by :attr:`Outcome.value`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SKIP_OUTCOMES", "VERDICT_PROPERTY", "Outcome", "Verdict"]
+
+# The key of the serialised verdict in ``item.user_properties``.
+VERDICT_PROPERTY = "conformance_verdict"
+
+
+class Outcome(enum.Enum):
+    """How a contract test ended, in the report's words (the matrix's and JSON report's values)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"  # failed outside the test's call phase (setup, teardown)
+    XFAILED = "xfailed"  # an expected deviation (expectations file) occurred
+    XPASSED = "xpassed"  # an expected deviation did not occur
+    BLOCKED = "blocked"  # another contract's defect stops this one (see Verdict.owner)
+    WAIVED = "waived"  # the spec waives this contract
+    NOT_APPLICABLE = "not_applicable"  # the contract says nothing about this Function
+    NOT_RUN_HERE = "not_run_here"  # this machine or run cannot check it
+    SKIPPED = "skipped"  # skipped by something other than the suite
+
+
+# Outcomes of a test that pytest reports as skipped.
+SKIP_OUTCOMES = frozenset({Outcome.BLOCKED, Outcome.WAIVED, Outcome.NOT_APPLICABLE, Outcome.NOT_RUN_HERE, Outcome.SKIPPED})
+
+_TEXT_FIELDS = ("reason", "owner", "case", "repro", "rerun", "message")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One contract test's conclusion.
+
+    ``reason`` is one line: a failure's summary, a skip's reason, or (for :attr:`Outcome.BLOCKED`)
+    the blocking defect's summary, whose owner contract is ``owner``. ``message`` is a failure's
+    whole report. ``case`` describes the example concerned, ``repro`` is the path of a failure's
+    repro script, ``rerun`` the command that replays the test. ``unmet_expectations`` are the
+    labels of dtype expectations whose dtype was checked and passed (they are stale).
+    """
+
+    outcome: Outcome
+    reason: str = ""
+    owner: str = ""
+    case: str = ""
+    repro: str = ""
+    rerun: str = ""
+    message: str = ""
+    unmet_expectations: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.outcome, Outcome):
+            raise TypeError(f"Verdict.outcome must be an Outcome; got {self.outcome!r}")
+        for name in _TEXT_FIELDS:
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Verdict.{name} must be a str; got {getattr(self, name)!r}")
+        if not isinstance(self.unmet_expectations, tuple) or not all(isinstance(e, str) for e in self.unmet_expectations):
+            raise TypeError(f"Verdict.unmet_expectations must be a tuple of str; got {self.unmet_expectations!r}")
+        if (self.outcome is Outcome.BLOCKED) != bool(self.owner):
+            raise ValueError(f"Verdict: a blocked verdict names its owner contract, no other does; got {self!r}")
+
+    @property
+    def skipped(self) -> bool:
+        return self.outcome in SKIP_OUTCOMES
+
+    def describe(self) -> str:
+        """The one line a reader sees (the skip message, the report's reason): for a blocked test,
+        the owner, the defect, the case and the rerun command; else the reason."""
+        if self.outcome is not Outcome.BLOCKED:
+            return self.reason
+        case = f"; case: {self.case}" if self.case else ""
+        rerun = f"; rerun: {self.rerun}" if self.rerun else ""
+        return f"blocked by {self.owner}: {self.reason}; see {self.owner}{case}{rerun}"
+
+    # ---------------------------------------------------------------- serialisation
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"outcome": self.outcome.value}
+        data.update({name: getattr(self, name) for name in _TEXT_FIELDS if getattr(self, name)})
+        if self.unmet_expectations:
+            data["unmet_expectations"] = list(self.unmet_expectations)
+        return json.dumps(data, ensure_ascii=False, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        """The verdict :meth:`to_json` wrote; ``ValueError`` for anything else."""
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"not a serialised Verdict ({error}): {text!r:.200}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"not a serialised Verdict (a JSON {type(data).__name__}): {text!r:.200}")
+        unknown = sorted(set(data) - {"outcome", "unmet_expectations", *_TEXT_FIELDS})
+        if unknown:
+            raise ValueError(f"not a serialised Verdict (unknown keys {unknown}): {text!r:.200}")
+        try:
+            outcome = Outcome(data.get("outcome"))
+        except ValueError:
+            raise ValueError(f"not a serialised Verdict (outcome {data.get('outcome')!r}): {text!r:.200}") from None
+        unmet = data.get("unmet_expectations", [])
+        if not isinstance(unmet, list):
+            raise ValueError(f"not a serialised Verdict (unmet_expectations {unmet!r}): {text!r:.200}")
+        try:
+            return cls(outcome, unmet_expectations=tuple(unmet), **{k: data.get(k, "") for k in _TEXT_FIELDS})
+        except TypeError as error:
+            raise ValueError(f"not a serialised Verdict ({error}): {text!r:.200}") from None
+
+    @classmethod
+    def of(cls, properties: Iterable[tuple[str, object]]) -> Verdict | None:
+        """The last verdict among a test's ``user_properties`` (a later conclusion replaces an
+        earlier one), else None."""
+        found = None
+        for name, value in properties:
+            if name == VERDICT_PROPERTY:
+                found = value
+        if found is None:
+            return None
+        if not isinstance(found, str):
+            raise ValueError(f"{VERDICT_PROPERTY} must be a JSON string; got {found!r:.200}")
+        return cls.from_json(found)
+
+    def as_property(self) -> tuple[str, str]:
+        """The ``(name, value)`` pair to append to ``item.user_properties``."""
+        return VERDICT_PROPERTY, self.to_json()

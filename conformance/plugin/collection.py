@@ -1,0 +1,133 @@
+"""Collection: what each contract test checks, which tests the run keeps, what expectations mark
+them, and the command that reruns one.
+
+Every collected contract test carries its ``(contract, function, device)`` in
+``item.user_properties`` under :data:`TEST_PROPERTY` (it travels with every report, also from
+xdist workers and forked children), and its :class:`ContractTest` in ``item.stash``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from autograd_conformance_plugin import CONTRACT_FIXTURE
+from conformance.engine.contract import ContractInfo, contract_of
+from conformance.engine.expectations import Expectation, Expectations
+from conformance.plugin.options import RunOptions
+from conformance.spec import Spec
+
+__all__ = [
+    "EXPECTATION_PROPERTY",
+    "TEST_PROPERTY",
+    "ContractTest",
+    "apply_expectations",
+    "contract_test",
+    "contract_test_key",
+    "deselect",
+    "dtype_expectations_key",
+    "rerun_command",
+]
+
+# user_properties keys a contract test's reports carry to the controller (also under xdist).
+TEST_PROPERTY = "conformance_test"  # (contract, function, device)
+EXPECTATION_PROPERTY = "conformance_expectation"  # label of the entry that xfails it
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractTest:
+    """What one collected contract test checks: put in ``item.stash`` at collection, from the
+    test function's :func:`~conformance.engine.contract.contract` declaration and its parameter."""
+
+    contract: ContractInfo
+    spec: Spec
+    device: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.contract.name, self.spec.name, self.device
+
+
+contract_test_key = pytest.StashKey[ContractTest]()
+dtype_expectations_key = pytest.StashKey[tuple[Expectation, ...]]()
+
+
+def contract_test(item: pytest.Item) -> ContractTest | None:
+    """What a contract test item checks (its declaration and parameter), else None."""
+    info = contract_of(getattr(item, "function", None))
+    callspec = getattr(item, "callspec", None)
+    if info is None or callspec is None or CONTRACT_FIXTURE not in callspec.params:
+        return None
+    spec, device = callspec.params[CONTRACT_FIXTURE]
+    return ContractTest(contract=info, spec=spec, device=device)
+
+
+def mark_contract_tests(items: list[pytest.Item], expectations: Expectations | None) -> None:
+    """Stash what each contract test checks, label its reports, and mark what expectations expect."""
+    for item in items:
+        test = contract_test(item)
+        if test is None:
+            continue
+        item.stash[contract_test_key] = test
+        item.user_properties.append((TEST_PROPERTY, test.key))
+        if expectations is not None:
+            apply_expectations(item, test.key, expectations)
+
+
+def apply_expectations(item: pytest.Item, key: tuple[str, str, str], expectations: Expectations) -> None:
+    """An entry without a dtype xfails the whole test; those with one go to the runner, which
+    xfails a failure in that dtype only."""
+    matching = expectations.for_test(*key)
+    whole = [e for e in matching if e.dtype is None]
+    if whole:
+        item.add_marker(pytest.mark.xfail(
+            reason=f"expected deviation {whole[0].label}: {whole[0].reason}", strict=expectations.strict,
+        ))
+        item.user_properties.append((EXPECTATION_PROPERTY, whole[0].label))
+    item.stash[dtype_expectations_key] = tuple(e for e in matching if e.dtype is not None)
+
+
+def deselect(config: pytest.Config, items: list[pytest.Item], options: RunOptions) -> None:
+    """Keep the contracts --contracts names, without those --skip-contracts names."""
+    wanted, unwanted = set(options.contracts), set(options.skip_contracts)
+    if not wanted and not unwanted:
+        return
+    kept, dropped = [], []
+    for item in items:
+        test = item.stash.get(contract_test_key, None)
+        name = test.contract.name if test is not None else None
+        if name is not None and ((wanted and name not in wanted) or name in unwanted):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def rerun_command(run_dir: Path, item: pytest.Item, options: RunOptions, device: str) -> str:
+    """The command that replays ``item``'s examples, for how this suite was loaded.
+
+    A copy inside the directory pytest ran in (checkout, vendored) is named by path; an
+    installed one by ``--pyargs``. ``python -m pytest`` puts that directory on ``sys.path``
+    like the run had it. Every option that shapes the examples is spelled out.
+    """
+    run_dir = run_dir.resolve()
+    path = Path(item.path).resolve()
+    if run_dir in path.parents and not {"site-packages", "dist-packages"} & set(path.parts):
+        target = [f"{os.path.relpath(path, run_dir)}::{item.name}"]
+    else:
+        target = ["--pyargs", f"conformance.{path.stem}::{item.name}"]
+    parts = ["python", "-m", "pytest", *target, f"--impl={options.impl}", f"--device={device}",
+             f"--seed={options.seed}", f"--profile={options.profile}"]
+    if options.max_examples is not None:
+        parts.append(f"--max-examples={options.max_examples}")
+    if options.dtypes is not None:
+        parts.append("--dtypes=" + ",".join(options.dtypes))
+    if not options.default_threads:
+        parts.append(f"--threads={options.threads}")  # a parallel reduction's order follows it
+    return shlex.join(parts)

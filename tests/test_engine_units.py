@@ -1,0 +1,210 @@
+"""Unit tests of the engine's judging parts on fake records, without a pytest run of the suite:
+the defect classifier (which contract owns a defect; "blocked by" for the others) and the
+watchdog (phases of a stuck example, the time budget, crash records)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import FrameType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from conformance.engine.defects import Blocked, forward_defect, require_sound, structural_defects
+from conformance.engine.harness import Execution
+from conformance.engine.memory import Unwritten
+from conformance.engine.probe import BackwardCall, Recorder
+from conformance.engine.report import ContractFailure
+from conformance.engine.watchdog import (
+    ExampleTimeout,
+    FlightRecorder,
+    describe_crash,
+    example_deadline,
+    phase_at,
+    phase_marks,
+)
+from strategies.recipes import ScalarRecipe, TensorRecipe
+
+# ----------------------------------------------------------------------------- defects
+
+
+def _case() -> Any:
+    """A stand-in for a Case: forward(x: Tensor (3,), w: Tensor (2, 3), alpha: a Python scalar)."""
+    recipes = (TensorRecipe(name="x", shape=(3,)), TensorRecipe(name="w", shape=(2, 3)), ScalarRecipe(name="alpha", value=2.0))
+    return SimpleNamespace(recipes=recipes, spec=SimpleNamespace(display_name="MyFn", name="my_fn"))
+
+
+def _args() -> list[Any]:
+    return [torch.zeros(3, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64), 2.0]
+
+
+def _execution(*raw: Any, outputs: tuple[Any, ...] | None = None, error: BaseException | None = None) -> Execution:
+    calls = [BackwardCall(raw=tuple(raw))] if raw else []
+    if error is not None:
+        calls = [BackwardCall(raw=None, error=error)]
+    return Execution(
+        case=_case(), args=_args(), outputs=outputs if outputs is not None else (torch.zeros(2, 3, dtype=torch.float64),),
+        recorder=Recorder(calls=calls), backward_error=error,
+    )
+
+
+def _right_grads() -> tuple[Any, ...]:
+    return torch.ones(3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64), None
+
+
+def _failure(contract: str, execution: Execution) -> ContractFailure:
+    with pytest.raises(ContractFailure) as raised:
+        require_sound(contract, execution)
+    return raised.value
+
+
+def _blocked(contract: str, execution: Execution) -> Blocked:
+    with pytest.raises(Blocked) as raised:
+        require_sound(contract, execution)
+    return raised.value
+
+
+def test_a_sound_record_passes_every_contract() -> None:
+    execution = _execution(*_right_grads())
+    assert structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs) == []
+    for contract in ("return_count", "grad_meta", "gradcheck", "reference", "unwritten_memory"):
+        require_sound(contract, execution)  # raises nothing
+
+
+def test_a_missing_gradient_is_return_counts_and_blocks_the_others() -> None:
+    execution = _execution(torch.ones(3, dtype=torch.float64))  # one gradient for three inputs
+    defects = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert [d.owner for d in defects] == ["return_count"]
+    assert "len(backward return)=1, but should be 3" in _failure("return_count", execution).summary
+    blocked = _blocked("gradcheck", execution)
+    assert blocked.defect.owner == "return_count"
+    assert str(blocked).startswith("blocked by return_count: len(backward return)=1")
+
+
+def test_a_gradient_for_a_scalar_input_is_return_counts() -> None:
+    x, w, _ = _right_grads()
+    execution = _execution(x, w, torch.tensor(1.0))
+    assert "grad['alpha']" in _failure("return_count", execution).summary
+    assert _blocked("grad_meta", execution).defect.owner == "return_count"
+
+
+def test_a_broadcast_gradient_is_grad_metas_with_the_reduction_hint() -> None:
+    _, w, _ = _right_grads()
+    execution = _execution(torch.ones(2, 3, dtype=torch.float64), w, None)  # grad of x (3,) not summed over dim 0
+    (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert defect.owner == "grad_meta"
+    assert defect.summary.startswith("grad['x'].shape=(2, 3), but should be (3,)")
+    assert "sum_to_size" in defect.details[0]
+    assert "grad['x'].shape" in _failure("grad_meta", execution).summary
+    assert _blocked("reference", execution).defect.owner == "grad_meta"
+
+
+def test_a_wrong_dtype_is_grad_metas() -> None:
+    _, w, _ = _right_grads()
+    execution = _execution(torch.ones(3, dtype=torch.float32), w, None)
+    (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert (defect.owner, defect.summary.split(",")[0]) == ("grad_meta", "grad['x'].dtype=torch.float32")
+    assert _blocked("needs_input_grad", execution).defect is not None
+
+
+def test_a_forward_without_a_tensor_is_return_counts() -> None:
+    outputs = ([torch.zeros(3)],)  # a list: autograd does not track it
+    execution = _execution(outputs=outputs)
+    defect = forward_defect(execution.case, outputs)
+    assert defect is not None and defect.owner == "return_count"
+    assert "forward returned a list" in _failure("return_count", execution).summary
+    assert _blocked("layouts", execution).defect.owner == "return_count"
+    assert forward_defect(execution.case, (torch.zeros(3),)) is None
+
+
+def test_unwritten_elements_are_unwritten_memorys() -> None:
+    execution = _execution(*_right_grads())
+    execution.unwritten = [Unwritten("output[0]", 2, 6, (1, 2), "NaN")]
+    assert "output[0][1, 2]=NaN from a poisoned allocation" in _failure("unwritten_memory", execution).summary
+    assert _blocked("determinism", execution).defect.owner == "unwritten_memory"
+
+
+def test_a_backward_that_raises_fails_the_contract_that_ran_it() -> None:
+    execution = _execution(error=ValueError("shapes do not match"))
+    for contract in ("gradcheck", "inplace"):
+        failure = _failure(contract, execution)
+        assert failure.summary.startswith("backward raised ValueError, but should return gradients [MyFn.backward]")
+
+
+def test_an_engine_error_is_labelled_as_the_engines() -> None:
+    execution = _execution(*_right_grads())
+    execution.backward_error = RuntimeError("Function MyFnBackward returned an invalid gradient at index 0")
+    execution.recorder.calls[-1].error = None
+    assert "backward (raised by the autograd engine)" in _failure("reference", execution).summary
+
+
+# ----------------------------------------------------------------------------- watchdog
+
+
+def _user_forward(capture: list[FrameType]) -> None:
+    frame = sys._getframe()
+    capture.append(frame)
+
+
+def test_phase_at_names_the_users_code_and_falls_back_outside_it() -> None:
+    marks = phase_marks("MyFn", {"forward": _user_forward}, reference=None, surrogate=None)
+    frames: list[FrameType] = []
+    _user_forward(frames)
+    phase = phase_at(frames[0], marks, "somewhere else")
+    assert phase.startswith("forward of MyFn (test_engine_units.py:"), phase
+    assert phase_at(sys._getframe(), marks, "somewhere else") == "somewhere else"
+    assert phase_at(None, marks, "nothing") == "nothing"
+
+
+def test_phase_at_names_the_reference() -> None:
+    def reference(capture: list[FrameType]) -> None:
+        capture.append(sys._getframe())
+
+    marks = phase_marks("MyFn", {}, reference=reference, surrogate=None)
+    frames: list[FrameType] = []
+    reference(frames)
+    assert phase_at(frames[0], marks, "?").startswith("the reference (")
+
+
+def test_example_deadline_raises_a_timeout_naming_the_phase(tmp_path: Path) -> None:
+    with open(tmp_path / "stack", "w+", encoding="utf-8") as stack, pytest.raises(ExampleTimeout) as raised:
+        with example_deadline(0.5, phase=lambda frame: "backward of MyFn", stack_file=stack):
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                time.sleep(0.01)
+    assert raised.value.phase == "backward of MyFn"
+    assert "no result within 0.5 s, in backward of MyFn" in str(raised.value)
+
+
+def test_example_deadline_lets_a_quick_example_through(tmp_path: Path) -> None:
+    with open(tmp_path / "stack", "w+", encoding="utf-8") as stack:
+        with example_deadline(30.0, phase=lambda frame: "?", stack_file=stack) as interrupts:
+            total = sum(range(1000))
+    assert total == 499500 and not interrupts.real
+
+
+def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:
+    recorder = FlightRecorder(tmp_path, "gw0")
+    try:
+        assert describe_crash(tmp_path, "gw0") is None  # nothing running yet
+        recorder.start_test("conformance/test_gradcheck.py::test_gradcheck[my_fn-cpu]", "gradcheck", "my_fn", "cpu", "pytest ...")
+        recorder.start_example("x: (3,) float64", 10.0)
+        crash = describe_crash(tmp_path, "gw0", exit_status="killed by SIGSEGV")
+        assert crash is not None
+        assert (crash.contract, crash.function, crash.device, crash.case) == ("gradcheck", "my_fn", "cpu", "x: (3,) float64")
+        assert crash.summary == "the process died while running this test (killed by SIGSEGV)"
+        recorder.stack_file.write(
+            "Timeout (0:00:20)!\nThread 0x1 (most recent call first):\n  File \"other.py\", line 1 in idle\n"
+            "Current thread 0x2 (most recent call first):\n  File \"user.py\", line 7 in backward\n"
+            "  File \"conformance/engine/runner.py\", line 300 in run\n"
+        )
+        recorder.stack_file.flush()
+        hung = describe_crash(tmp_path, "gw0")
+        assert hung is not None and hung.summary.startswith("the example did not return within its time budget")
+        assert hung.details.splitlines()[1].strip() == 'File "user.py", line 7 in backward'
+    finally:
+        recorder.close()
+    assert describe_crash(tmp_path, "gw1") is None  # another process: no record

@@ -1,0 +1,168 @@
+"""conformance.engine.torch_text reads torch's own messages: each reading, against the message the
+installed torch really produces. Pinned to torch 2.13 (the messages are prose, not an API):
+another torch is skipped with the reason, and whoever moves the pin re-checks these first."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd.function import once_differentiable
+from torch.autograd.gradcheck import GradcheckError
+
+from conformance.engine.torch_text import (
+    JIT_SCRIPT_DEPRECATION,
+    PINNED_TORCH,
+    dynamo_refuses_jvp,
+    gradcheck_input,
+    gradcheck_not_reentrant,
+    gradgradcheck_output_and_input,
+    is_once_differentiable_node,
+    raised_by_once_differentiable,
+)
+
+pytestmark = pytest.mark.skipif(
+    torch.__version__.split("+")[0].rsplit(".", 1)[0] != PINNED_TORCH,
+    reason=f"torch_text is pinned to the messages of torch {PINNED_TORCH}; this is torch {torch.__version__} "
+    "(check each message below against it, then move PINNED_TORCH)",
+)
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.rand(3, generator=generator, dtype=torch.float64) + 0.5).requires_grad_()
+    y = (torch.rand(3, generator=generator, dtype=torch.float64) + 0.5).requires_grad_()
+    return x, y
+
+
+def _gradcheck_message(check: Any, fn: Any, inputs: tuple[torch.Tensor, ...]) -> str:
+    with pytest.raises(GradcheckError) as raised:
+        check(fn, inputs)
+    return str(raised.value)
+
+
+class WrongSecondInput(torch.autograd.Function):
+    """x * y whose gradient for y (input 1) is 1.5 times too large."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = ctx.saved_tensors
+        return grad * y, grad * x * 1.5
+
+
+class RandomBackward(torch.autograd.Function):
+    """2x whose backward adds noise: right on average, different on every call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2 + torch.rand_like(grad) * 1e-3
+
+
+class DetachedSecondDerivative(torch.autograd.Function):
+    """x * x * y whose backward detaches one factor of grad[y]: d(grad[y])/dx is half what it is."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, y)
+        return x * y * x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = ctx.saved_tensors
+        return 2 * grad * x * y, grad * x * x.detach()
+
+
+class OnceSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * grad * x
+
+
+class DoubleWithJvp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent * 2
+
+
+def test_gradcheck_names_the_wrong_input() -> None:
+    message = _gradcheck_message(torch.autograd.gradcheck, WrongSecondInput.apply, _inputs())
+    assert gradcheck_input(message) == 1, message[:300]
+    assert not gradcheck_not_reentrant(message)
+
+
+def test_gradcheck_reports_a_backward_that_is_not_reentrant() -> None:
+    message = _gradcheck_message(torch.autograd.gradcheck, RandomBackward.apply, (_inputs()[0],))
+    assert gradcheck_not_reentrant(message), message[:300]
+
+
+def test_gradgradcheck_names_the_gradient_and_the_input() -> None:
+    message = _gradcheck_message(torch.autograd.gradgradcheck, DetachedSecondDerivative.apply, _inputs())
+    # grad[y] (output 1 of the first derivative) is wrong with respect to x (input 0).
+    assert gradgradcheck_output_and_input(message) == (1, 0), message[:300]
+    assert gradgradcheck_output_and_input("no such phrase") is None
+
+
+def test_double_backward_through_once_differentiable() -> None:
+    x = _inputs()[0]
+    out = OnceSquare.apply(x)
+    grad_output = torch.ones_like(out).requires_grad_()
+    (grad,) = torch.autograd.grad(out, x, grad_output, create_graph=True)
+    assert is_once_differentiable_node(grad.grad_fn), grad.grad_fn
+    plain = torch.autograd.grad(x * x, x, grad_output, create_graph=True)[0]
+    assert not is_once_differentiable_node(plain.grad_fn), plain.grad_fn
+    with pytest.raises(RuntimeError) as raised:
+        torch.autograd.backward([grad], [torch.ones_like(grad)])
+    assert raised_by_once_differentiable(raised.value), str(raised.value)
+    assert not raised_by_once_differentiable(RuntimeError("element 0 of tensors does not require grad"))
+
+
+def test_dynamo_refuses_a_function_with_jvp() -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: DoubleWithJvp.apply(t), backend="eager", fullgraph=True)
+    with pytest.raises(Exception) as raised:
+        compiled(torch.rand(3, requires_grad=True))
+    torch._dynamo.reset()
+    assert dynamo_refuses_jvp(" ".join(str(raised.value).split())), str(raised.value)[:300]
+
+
+def test_the_jit_script_deprecation_warning_is_matched() -> None:
+    def plus_one(t: torch.Tensor) -> torch.Tensor:
+        return t + 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.script(plus_one)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert deprecations, [str(w.message) for w in caught]
+    # warnings.filterwarnings matches its message pattern with re.match, case-insensitively.
+    assert any(re.match(JIT_SCRIPT_DEPRECATION, str(w.message), re.IGNORECASE) for w in deprecations), [
+        str(w.message) for w in deprecations
+    ]
+    assert not re.match(JIT_SCRIPT_DEPRECATION, "torch.jit.trace is fine", re.IGNORECASE)

@@ -6,8 +6,8 @@ would draw for a one-input elementwise Function (``square`` from reference_ops: 
 float64, values kept FD_SPACING apart like the contract's), wraps it with
 ``conformance.engine.evaluate.function_of_tensors`` (the probed, shielded closure the contract passes to
 gradcheck) and times ``torch.autograd.gradcheck`` with the contract's own arguments: eps=FD_EPS,
-fast mode with FAST_ATOL/FAST_RTOL when in+out numel > FAST_MODE_ELEMENTS, else slow mode with
-SLOW_ATOL/SLOW_RTOL (the constants are read from conformance/test_gradcheck.py). With
+fast mode with FAST_ATOL/FAST_RTOL when in+out numel > GRADCHECK_FAST_MODE_ELEMENTS, else slow mode with
+SLOW_ATOL/SLOW_RTOL (the constants are read from conformance/engine/finite_differences.py). With
 ``--slow-up-to N`` it also times slow mode for every n <= N, to show what the threshold saves.
 torch runs with one intra-op thread, the suite's default (--threads=1).
 """

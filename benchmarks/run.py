@@ -370,7 +370,7 @@ def figure_gradcheck(bench: Bench) -> list[str]:
     lines = [
         f"`torch.autograd.gradcheck` as the gradcheck contract calls it (function_of_tensors closure, eps=FD_EPS, its "
         f"atol/rtol per mode) on reference_ops `{data['function']}` (one float64 input of n elements), 1 thread; fast "
-        f"mode when in+out numel > FAST_MODE_ELEMENTS = {data['threshold']} (conformance/test_gradcheck.py). "
+        f"mode when in+out numel > GRADCHECK_FAST_MODE_ELEMENTS = {data['threshold']} (conformance/engine/finite_differences.py). "
         f"{bench.runs} timed call(s) per row after one warm-up call.",
         "",
     ]

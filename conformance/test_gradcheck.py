@@ -2,7 +2,7 @@
 
 Runs ``torch.autograd.gradcheck`` on generated shapes, with every tensor's elements kept
 ``FD_SPACING`` (100 finite-difference steps) apart and away from the kinks the spec declares, so
-that no central difference straddles a tie or a kink. Above ``FAST_MODE_ELEMENTS`` it uses fast
+that no central difference straddles a tie or a kink. Above ``GRADCHECK_FAST_MODE_ELEMENTS`` it uses fast
 mode (random projections u^T J v) with ``FAST_ATOL``: gradcheck scales atol by sum(u) * sum(v),
 so the default atol=1e-5 lets a backward that is 5% off pass on a few thousand elements
 (measured: tests/test_gradcheck_tolerance.py). Specs with a ``surrogate`` (straight-through
@@ -22,11 +22,11 @@ from conformance.engine.finite_differences import (
     FAST_RTOL,
     FD_EPS,
     FD_SPACING,
+    GRADCHECK_FAST_MODE_ELEMENTS,
     NONDET_TOL,
     SLOW_ATOL,
     SLOW_RTOL,
 )
-from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import gradcheck_input, gradcheck_not_reentrant
@@ -62,7 +62,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
         plain = case.args(dtype=torch.float64, requires_grad=set())
         out_numel = sum(o.numel() for o in forward(case, plain, how="guarded", passed=plain).outputs if isinstance(o, torch.Tensor))
     in_numel = sum(t.numel() for t in wrt_tensors)
-    fast = target.spec.fast_gradcheck or in_numel + out_numel > FAST_MODE_ELEMENTS
+    fast = target.spec.fast_gradcheck or in_numel + out_numel > GRADCHECK_FAST_MODE_ELEMENTS
     atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
     # Fast mode's projection vectors come from gradcheck's own freshly made torch.Generator
     # (fixed default seed), so the verdict is already deterministic. A declared-nondeterministic

@@ -46,7 +46,6 @@ NOISE_SEED = 20240611
 # cancelling to 0). So the budget also scales with the reference's own rounding error in this
 # dtype, |reference(dtype) - reference(float64)|, which is ~ eps * |terms| * (the op's
 # conditioning); for float64 it is measured in float32 and scaled by eps64 / eps32.
-_largest = largest_magnitude
 
 
 def _max_difference(a: Any, b: Any) -> float:
@@ -68,7 +67,7 @@ def _reference_noise(target: Target, case: Case, grad_outputs: tuple[torch.Tenso
     # Also with random grad_outputs of the same size: a constant (expanded) grad_output can make
     # the reference's own gradient cancel exactly, hiding how large the terms are.
     shuffled = tuple(
-        tensor_from_seed(tuple(g.shape), torch.float64, seed=NOISE_SEED + i, scale=max(_largest([g]), 1e-30))
+        tensor_from_seed(tuple(g.shape), torch.float64, seed=NOISE_SEED + i, scale=max(largest_magnitude([g]), 1e-30))
         for i, g in enumerate(grad_outputs)
     )
     noise: dict[str, float] = {}
@@ -98,8 +97,9 @@ def _term_floors(target: Target, case: Case, grad_outputs: dict[int, torch.Tenso
     if spec.nondeterministic:
         return {}
     names = [r.name for r in case.recipes]
+    args = case.args()
     try:
-        exact = truth(spec, case, case.args(), names, grad_outputs, terms=True)
+        exact = truth(spec, case, args, names, grad_outputs, terms=True)
     except Exception:
         return {}  # a reference that cannot run here: keep the magnitude-based budget
     floors = {f"outputs[{p}]": 2 * FLOOR_ULPS * ulp(float(t.max()), case.dtype) for p, t in exact.output_terms.items() if t.numel()}
@@ -157,8 +157,8 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
     noise = _reference_noise(target, contiguous_case, baseline.grad_outputs)
     floors = _term_floors(target, contiguous_case, dict(zip(baseline.diff_positions, baseline.grad_outputs_before)))
     values = not target.spec.nondeterministic
-    input_scale = _largest(baseline.args)
-    grad_scale = max(input_scale, _largest(baseline.grad_outputs))
+    input_scale = largest_magnitude(baseline.args)
+    grad_scale = max(input_scale, largest_magnitude(baseline.grad_outputs))
     for position, (got, want) in enumerate(zip(strided.outputs, baseline.outputs)):
         what = f"outputs[{position}]"
         _compare(got, want, what, layouts, f"{fn_name}.forward", input_scale, noise.get(what, 0.0), floors.get(what, 0.0), values=values)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.runner import Target
-from conformance.engine.subsets import EXHAUSTIVE_INPUTS, run_subsets
+from conformance.engine.subsets import run_subsets
 from strategies.cases import CaseOptions
 
-__all__ = ["EXHAUSTIVE_INPUTS", "check_needs_input_grad", "test_needs_input_grad"]
+__all__ = ["check_needs_input_grad", "test_needs_input_grad"]
 
 
 def check_needs_input_grad(target: Target, data: st.DataObject) -> None:

@@ -21,7 +21,7 @@ from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
 from strategies.layouts import GRAD_LAYOUTS, LAYOUTS, apply_grad_layout, apply_layout, layouts
-from strategies.options import CaseOptions, DrawOptions
+from strategies.options import CaseOptions
 from strategies.recipes import Recipe, ScalarRecipe, TensorRecipe
 from strategies.values import distinct_seed, grad_output_from_seed, magnitudes, value_seeds
 
@@ -33,7 +33,6 @@ __all__ = [
     "LAYOUTS",
     "Case",
     "CaseOptions",
-    "DrawOptions",
     "PartialCase",
     "apply_grad_layout",
     "apply_layout",

@@ -14,7 +14,7 @@ from hypothesis.errors import InvalidArgument
 from strategies.layouts import LAYOUTS
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS, VALUE_PATTERNS
 
-__all__ = ["REQUIRES_GRAD_MODES", "CaseOptions", "DrawOptions"]
+__all__ = ["REQUIRES_GRAD_MODES", "CaseOptions"]
 
 
 REQUIRES_GRAD_MODES = ("all", "subsets", "nonempty")
@@ -108,6 +108,3 @@ class CaseOptions:
             raise InvalidArgument(f"unknown case options {unknown}; choose from {[f.name for f in fields(self)]}")
         return replace(self, **changes)
 
-
-# What the drawing functions were once given apart from CaseOptions: it is CaseOptions now.
-DrawOptions = CaseOptions

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from conformance.engine.finite_differences import FD_EPS, FD_SPACING, NONDET_TOL
 from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten
 from conformance.engine.probe import Recorder
 from strategies.cases import Case
@@ -25,9 +24,6 @@ if TYPE_CHECKING:
     from conformance.spec import Spec
 
 __all__ = [
-    "FD_EPS",
-    "FD_SPACING",
-    "NONDET_TOL",
     "UNWRITTEN_CONTRACT",
     "Execution",
     "allocation_policy",

@@ -253,9 +253,10 @@ class Target:
         try:
             with pinned_config(*pin) if pin is not None else contextlib.nullcontext():
                 self._run(check, max_examples=max_examples)
-        except BaseException:
+        except Exception:
             # An end the runner did not judge (the suite's own bug, a Hypothesis health check):
-            # failed, with pytest's report as its reason.
+            # failed, with pytest's report as its reason. pytest's own skips and xfails
+            # (BaseException) and KeyboardInterrupt keep pytest's outcome, with no verdict.
             if not self.concluded:
                 self.conclude(Verdict(Outcome.FAILED, rerun=self.rerun))
             raise

@@ -280,7 +280,8 @@ def _outcome_and_reason(report: pytest.TestReport, verdict: Verdict | None) -> t
             return verdict.outcome, verdict.describe()
         # Skipped by something other than the suite (a marker, another plugin): pytest's words.
         longrepr = report.longrepr
-        return Outcome.SKIPPED, str(longrepr[2]) if isinstance(longrepr, (tuple, list)) else str(longrepr)
+        reason = str(longrepr[2]) if isinstance(longrepr, (tuple, list)) else str(longrepr)
+        return Outcome.SKIPPED, reason.removeprefix("Skipped: ")
     return Outcome.PASSED, ""
 
 

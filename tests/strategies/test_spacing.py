@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance import Scalar, Tensor
+from conformance.engine.finite_differences import FD_EPS, FD_SPACING
 from conformance.engine.global_state import preserved_global_state
-from conformance.engine.harness import FD_EPS, FD_SPACING
 from conformance.engine.repro import to_source
 from conformance.spec import _build_spec
 from reference_ops.elementwise import SoftThreshold

@@ -11,12 +11,13 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from conformance.spec import Spec
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
@@ -24,9 +25,6 @@ from strategies.layouts import GRAD_LAYOUTS, LAYOUTS, apply_grad_layout, apply_l
 from strategies.options import CaseOptions
 from strategies.recipes import Recipe, ScalarRecipe, TensorRecipe
 from strategies.values import distinct_seed, grad_output_from_seed, magnitudes, value_seeds
-
-if TYPE_CHECKING:
-    from conformance.spec import Spec
 
 __all__ = [
     "GRAD_LAYOUTS",

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from conformance.spec import Spec
+from conformance.spec import Spec
 
 __all__ = ["device_supports", "dtypes_for", "requires_grad_subsets"]
 

@@ -77,7 +77,7 @@ def record(path: Path, only: Sequence[str], jobs: int) -> None:
         for found, line in pool.map(lambda job: run_one(*job), work):
             rows.extend(found)
             print(line, flush=True)
-    write(path, sorted(rows))
+            write(path, sorted(rows))  # after each source: an interrupted run keeps what it finished
 
 
 def write(path: Path, rows: list[Row]) -> None:

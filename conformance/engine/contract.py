@@ -21,12 +21,10 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from conformance.engine.runner import Target
 from strategies.cases import CaseOptions
-
-if TYPE_CHECKING:
-    from conformance.engine.runner import Target
 
 __all__ = ["CONTRACT_ATTRIBUTE", "SOME_DTYPE", "ContractInfo", "Requirement", "contract", "contract_of", "discover", "float64"]
 

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from conformance.engine.harness import Execution
 from conformance.engine.probe import BackwardCall
 from conformance.engine.report import describe_value, fail
 from conformance.engine.triton_interpreter import interpreter_limit
+from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
-
-if TYPE_CHECKING:
-    from conformance.engine.harness import Execution
-    from strategies.cases import Case
 
 __all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects", "unwritten_defect"]
 

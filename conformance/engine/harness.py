@@ -12,16 +12,14 @@ import dataclasses
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten
 from conformance.engine.probe import Recorder
+from conformance.spec import Spec
 from strategies.cases import Case
-
-if TYPE_CHECKING:
-    from conformance.spec import Spec
 
 __all__ = [
     "UNWRITTEN_CONTRACT",

@@ -11,13 +11,12 @@ import contextvars
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 
-if TYPE_CHECKING:
-    from conformance.spec import Spec
-    from strategies.cases import Case
+from conformance.spec import Spec
+from strategies.cases import Case
 
 __all__ = [
     "ContractFailure",

@@ -184,6 +184,13 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     Option(
+        "--shard", "str",
+        "run slice K of N: every contract test of one Function on one device goes to the same slice, the "
+        "slices balanced by test count and the same on every machine; merge the slices' reports with "
+        "`python -m conformance.plugin.merge`",
+        metavar="K/N", example="--shard=2/3", unset="the whole run",
+    ),
+    Option(
         "--conformance-report", "str",
         "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "
         "reasons and repro scripts (written to PATH.repro/)",

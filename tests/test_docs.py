@@ -5,6 +5,7 @@ quickstart hold."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -39,7 +40,7 @@ def _doc_blocks() -> ModuleType:
 
 
 DOC = _doc_blocks()
-RUN_HERE = ("vendor", "gha-cpu", "gha-gpu", "benchmark")  # benchmark: tests/test_benchmark.py
+RUN_HERE = ("vendor", "gha-cpu", "gha-gpu", "gha-shard", "benchmark")  # benchmark: tests/test_benchmark.py
 
 
 def _is_commands(block: object) -> bool:
@@ -107,6 +108,24 @@ def test_github_actions_cpu_recipe(tmp_path: Path) -> None:
     done = _bash(_yaml_run_lines(DOC.named("run", "gha-cpu", REPO).text), project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (project / "conformance-report.html").is_file() and (project / "conformance-report.json").is_file()
+
+
+def test_github_actions_shard_recipe(tmp_path: Path) -> None:
+    """Every slice's line, then the merge: the merged matrix is the unsharded run's (the quickstart
+    has one Function, so two slices are empty and must pass). tests/test_sharding.py merges slices
+    that each hold Functions."""
+    project = _vendored(tmp_path)
+    for line in _yaml_run_lines(DOC.named("run", "gha-shard", REPO).text).splitlines():
+        slices = range(1, 4) if "${{ matrix.shard }}" in line else [None]
+        for k in slices:
+            done = _bash(line if k is None else line.replace("${{ matrix.shard }}", str(k)), project)
+            assert done.returncode == 0, f"{line} (shard {k})\n" + done.stdout[-3000:] + done.stderr[-2000:]
+    whole = _bash("pytest conformance --impl=mypkg --profile=ci --conformance-report=whole", project)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    merged = json.loads((project / "conformance-report.json").read_text())
+    expected = json.loads((project / "whole.json").read_text())
+    assert merged["matrix"] == expected["matrix"] and merged["totals"] == expected["totals"]
+    assert [json.loads((project / f"shard-{k}.json").read_text())["totals"]["passed"] > 0 for k in (1, 2, 3)].count(True) == 1
 
 
 def test_github_actions_gpu_recipe(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ __all__ = [
     "contract_test_key",
     "deselect",
     "dtype_expectations_key",
+    "keep_shard",
     "rerun_command",
+    "shard_of_rows",
 ]
 
 # user_properties keys a contract test's reports carry to the controller (also under xdist).
@@ -107,6 +109,42 @@ def deselect(config: pytest.Config, items: list[pytest.Item], options: RunOption
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def shard_of_rows(tests_per_row: dict[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:
+    """Slice (1..shards) of each (function, device) row: the largest rows first, each to the slice
+    with the fewest tests so far (the lowest on ties). Depends only on the rows and their counts, so
+    every machine of a sharded run computes the same slices."""
+    load = [0] * shards
+    assigned = {}
+    for row, count in sorted(tests_per_row.items(), key=lambda entry: (-entry[1], entry[0])):
+        lightest = min(range(shards), key=lambda index: (load[index], index))
+        assigned[row] = lightest + 1
+        load[lightest] += count
+    return assigned
+
+
+def keep_shard(config: pytest.Config, items: list[pytest.Item], shard: tuple[int, int]) -> int:
+    """Keep the contract tests of slice ``shard`` = (K, N) (other items stay in slice 1); return how
+    many tests the whole run has, so an empty slice can tell itself from an empty run."""
+    index, count = shard
+    rows: dict[tuple[str, str], int] = {}
+    for item in items:
+        test = item.stash.get(contract_test_key, None)
+        if test is not None:
+            row = (test.spec.name, test.device)
+            rows[row] = rows.get(row, 0) + 1
+    slices = shard_of_rows(rows, count)
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        test = item.stash.get(contract_test_key, None)
+        own = 1 if test is None else slices[(test.spec.name, test.device)]
+        (kept if own == index else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    return len(kept) + len(dropped)
 
 
 def rerun_command(run_dir: Path, item: pytest.Item, options: RunOptions, device: str) -> str:

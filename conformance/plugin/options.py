@@ -22,7 +22,7 @@ from autograd_conformance_plugin import OPTIONS, PROFILES, OptionValue
 from conformance.engine import runner
 from conformance.plugin.devices import cuda_findings, cuda_usable
 
-__all__ = ["RunOptions", "parse_options"]
+__all__ = ["RunOptions", "parse_options", "parse_shard"]
 
 _DEFAULTS: Mapping[str, OptionValue] = {option.name: option.default for option in OPTIONS}
 
@@ -47,6 +47,7 @@ class RunOptions:
     compile_backends: tuple[str, ...]
     isolate: bool
     report: Path | None  # the reports' base path, resolved against where pytest ran
+    shard: tuple[int, int] | None = None  # (K, N) of --shard=K/N, 1 <= K <= N; None: the whole run
 
     @property
     def default_threads(self) -> bool:
@@ -117,10 +118,22 @@ def parse_options(values: Mapping[str, OptionValue], *, run_dir: Path) -> RunOpt
         compile_backends=_names(merged, "compile_backends"),
         isolate=bool(merged["isolate"]),
         report=None if report is None else run_dir / _text(merged, "report"),
+        shard=None if merged["shard"] is None else parse_shard(_text(merged, "shard")),
     )
     if options.report is not None:
         _check_report_path(str(report), options.report)
     return options
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N), slice K (from 1) of N."""
+    index, slash, count = text.partition("/")
+    if not (slash and index.strip().isdigit() and count.strip().isdigit()):
+        raise pytest.UsageError(f"--shard={text!r} is not K/N (slice K of N, counted from 1); pass e.g. --shard=2/3")
+    k, n = int(index), int(count)
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard={text!r}: K must be between 1 and N ({n}); pass e.g. --shard=1/{max(n, 1)}")
+    return k, n
 
 
 def check_contract_names(options: RunOptions, known: list[str]) -> None:

@@ -122,6 +122,7 @@ class RunInfo:
     versions: dict[str, str]  # torch, hypothesis, pytest, python, triton, autograd-conformance
     command: str  # the pytest invocation
     header: tuple[str, ...] = ()  # free-text lines the plugin prints in its report header
+    shard: str = ""  # "K/N" for one slice of a sharded run (--shard); "" for a whole run
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,6 +137,7 @@ class RunInfo:
             "versions": {str(k): str(v) for k, v in sorted(self.versions.items())},
             "command": str(self.command),
             "header": [str(line) for line in self.header],
+            "shard": str(self.shard),
         }
 
     def summary_lines(self) -> list[tuple[str, str]]:
@@ -152,6 +154,7 @@ class RunInfo:
             ("triton", self.triton),
             ("versions", versions),
             ("command", self.command),
+            *([("shard", self.shard)] if self.shard else []),
         ]
 
 
@@ -359,6 +362,8 @@ class OutcomeMatrix:
                 "repro": cell.repro,
                 "rerun": cell.rerun,
             }
+            if cell.owner:
+                entry["owner"] = cell.owner
             if cell.outcome in FAILURE_OUTCOMES:
                 entry["message"] = cell.message
             results.append(entry)

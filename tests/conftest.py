@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conformance.engine.verdict import Verdict as RecordedVerdict
+from tests.zoo_runs import ZOO_RUNS
 
 
 def _warm_term_bounds() -> None:
@@ -120,6 +121,16 @@ class ConformanceRun:
 _cache: dict[tuple[str, ...], ConformanceRun] = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (under --dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that read a shared zoo run (``zoo_run``; runs are cached per worker by their arguments)
+    run on one worker per module, so each run is made once; a test marked ``xdist_group`` joins the
+    group that reads its run. Other tests, those making a run of their own included, spread one by one."""
+    for item in items:
+        if "zoo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 def run_conformance(
     pytester: pytest.Pytester,
     impl: str | Path,
@@ -148,15 +159,26 @@ def run_conformance(
     for report in result.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
         if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
             continue
-        key = dict(report.user_properties).get("conformance_test")  # (contract, function, device), set at collection
-        if key is None:
+        test = dict(report.user_properties).get("conformance_test")  # (contract, function, device), set at collection
+        if test is None:
             continue
-        contract, name, device = key
+        contract, name, device = test
         text = str(report.longrepr) if report.longrepr else ""
         verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties))
     run = ConformanceRun(result, verdicts, pytester.path)
     if cache:
         _cache[key] = run
+    return run
+
+
+@pytest.fixture
+def zoo_run(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
+    """``zoo_run(name)`` -> the :class:`ConformanceRun` of ``tests.zoo_runs.ZOO_RUNS[name]``."""
+
+    def run(name: str) -> ConformanceRun:
+        spec = ZOO_RUNS[name]
+        return run_conformance(pytester, ZOO / spec.file, *spec.extra, contracts=spec.contracts, max_examples=spec.max_examples)
+
     return run
 
 

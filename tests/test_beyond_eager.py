@@ -37,8 +37,8 @@ NEW_REFERENCE_OPS = (
 
 
 @pytest.fixture
-def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "beyond_eager_bugs.py", max_examples=10)
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("beyond_eager_bugs")
 
 
 @pytest.fixture
@@ -112,8 +112,8 @@ def test_custom_ops_run_every_applicable_existing_contract(conformance_run) -> N
         run.passed(contract, "custom_softplus")
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_new_reference_ops_pass_on_several_seeds(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("seed", [1])  # the main job (.ci/run) runs seed 0
+def test_new_reference_ops_pass_on_another_seed(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run("reference_ops", f"--seed={seed}", "-k", " or ".join(NEW_REFERENCE_OPS), max_examples=8)
     assert set(NEW_REFERENCE_OPS) <= run.names()
     failures = {key: v.text[-1500:] for key, v in run.verdicts.items() if v.outcome == "failed"}

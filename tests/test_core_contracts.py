@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from tests.conftest import ZOO
-
-CORE = ("return_count", "grad_meta", "gradcheck")
+from tests.zoo_runs import CORE
 
 
 @pytest.fixture
-def core_bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "core_bugs.py", contracts=CORE)
+def core_bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("core_bugs")
 
 
 def test_reference_ops_pass_core_contracts(conformance_run) -> None:  # type: ignore[no-untyped-def]

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from tests.conftest import ZOO
+from tests.zoo_runs import CORE, DERIVATIVE_BEHAVIOUR
 
-BEHAVIOUR = ("gradgradcheck", "layouts", "determinism", "devices")
-CORE = ("return_count", "grad_meta", "gradcheck")
+BEHAVIOUR = DERIVATIVE_BEHAVIOUR
 
 
 @pytest.fixture
-def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "derivative_layout_determinism_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=10)
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("derivative_layout_determinism_bugs")
 
 
 def test_unusual_correct_functions_pass(conformance_run) -> None:  # type: ignore[no-untyped-def]

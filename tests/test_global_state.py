@@ -41,8 +41,8 @@ CORRECT = ("dropout", "recomputing_dropout", "grad_mode_inside_forward", "scoped
 
 
 @pytest.fixture
-def zoo(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "global_state_bugs.py", max_examples=4)
+def zoo(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("global_state_bugs")
 
 
 @pytest.mark.parametrize("name", sorted(LEAKS))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ZOO
+from tests.zoo_runs import CORE, MEMORY_BEHAVIOUR
 
-BEHAVIOUR = ("needs_input_grad", "unneeded_grads", "inplace", "saved_tensors", "undefined_grads")
-CORE = ("return_count", "grad_meta", "gradcheck")
+BEHAVIOUR = MEMORY_BEHAVIOUR
 SINGLE_OUTPUT_SKIP = "has a single output"
 # unneeded_grads has nothing to check when one input is differentiable: backward only runs when
 # that input needs its gradient.
@@ -39,8 +39,8 @@ MULTI_OUTPUT_CORRECT = {"none_aware_two_outputs", "max_with_index"}
 
 
 @pytest.fixture
-def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "grad_and_memory_bugs.py", contracts=(*BEHAVIOUR, "gradcheck"), max_examples=4)
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("grad_and_memory_bugs")
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import torch
 from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL
 from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from reference_ops.elementwise import Square
-from tests.conftest import ZOO
 from tests.zoo.gradcheck_bugs import FivePercentOffSquare
 
 
@@ -28,7 +27,7 @@ def test_default_fast_mode_misses_five_percent_but_contract_tolerance_catches_it
     assert _fast_gradcheck(Square, x, atol=FAST_ATOL, rtol=FAST_RTOL)
 
 
-def test_gradcheck_contract_catches_five_percent_in_fast_mode(conformance_run) -> None:  # type: ignore[no-untyped-def]
-    run = conformance_run(ZOO / "gradcheck_bugs.py", contracts=("gradcheck",), max_examples=3)
+def test_gradcheck_contract_catches_five_percent_in_fast_mode(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    run = zoo_run("gradcheck_bugs")
     text = run.failed("gradcheck", "five_percent_off")
     assert "fast mode, atol=1e-08" in text and "analytical grad['x'] != numerical" in text

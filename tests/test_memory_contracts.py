@@ -15,8 +15,8 @@ MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
 
 
 @pytest.fixture
-def memory_zoo(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "memory_bugs.py", max_examples=8)
+def memory_zoo(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("memory_bugs")
 
 
 def _only_failure(run, name: str) -> list[str]:  # type: ignore[no-untyped-def]

@@ -21,14 +21,12 @@ from conformance.engine.numerics import (
 )
 from conformance.spec import MAX_TOLERANCE, registered
 from strategies.values import tensor_from_seed
-from tests.conftest import ZOO
-
-NUMERIC = ("reference", "stability")
+from tests.zoo_runs import NUMERIC
 
 
 @pytest.fixture
-def numeric_bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "numeric_bugs.py", contracts=NUMERIC, max_examples=4)
+def numeric_bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("numeric_bugs")
 
 
 # --------------------------------------------------------------------------- bugs are caught

@@ -1,8 +1,8 @@
 """Repro scripts reproduce: every zoo bug's script fails with its contract's message and numbers,
 and the same script passes when the Function is replaced by a correct twin.
 
-The zoo runs are the ones the contract-family tests make (same arguments, so a worker that ran
-them already reuses them). All scripts of one run are replayed in one subprocess (``runpy``, as
+The zoo runs are the ones the contract-family tests read (tests/zoo_runs.py; the same worker makes
+each once). All scripts of one run are replayed in one subprocess (``runpy``, as
 ``python script.py`` would run them) to keep the test fast; a few are also run truly standalone.
 """
 
@@ -17,30 +17,17 @@ from pathlib import Path
 import pytest
 
 from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
-from tests.conftest import REPO, ZOO
-from tests.test_core_contracts import CORE
-from tests.test_derivative_layout_determinism_device_contracts import BEHAVIOUR as DERIVATIVE_BEHAVIOUR
-from tests.test_grad_and_memory_contracts import BEHAVIOUR as MEMORY_BEHAVIOUR
-from tests.test_numerical_contracts import NUMERIC
-from tests.test_triton_kernels import BUG_CONTRACTS as TRITON_CONTRACTS
+from tests.conftest import REPO
+from tests.zoo_runs import ZOO_RUNS
 
-# (zoo file, extra args, contracts, max_examples): the runs the contract-family tests make.
-ZOO_RUNS = {
-    "core_bugs": ("core_bugs.py", (), CORE, 5),
-    "derivative_layout_determinism_bugs": (
-        "derivative_layout_determinism_bugs.py", (), (*DERIVATIVE_BEHAVIOUR, "gradcheck"), 10,
-    ),
-    "grad_and_memory_bugs": ("grad_and_memory_bugs.py", (), (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
-    "global_state_bugs": ("global_state_bugs.py", (), ("global_state",), 4),
-    "gradcheck_bugs": ("gradcheck_bugs.py", (), ("gradcheck",), 3),
-    "memory_bugs": ("memory_bugs.py", (), (), 8),
-    "numeric_bugs": ("numeric_bugs.py", (), NUMERIC, 4),
-    "real_world_bugs": ("real_world_bugs.py", (), (), 8),
-    "spec_language_bugs": ("spec_language_bugs.py", (), (), 12),
-    "transposed_grad_output_bugs": ("transposed_grad_output_bugs.py", (), ("inplace", "reference"), 3),
-    "triton_bugs": ("triton_bugs.py", ("--device=cpu",), TRITON_CONTRACTS, 4),
-    "vacuous": ("vacuous.py", (), ("return_count",), 5),
-}
+# The zoo runs whose failures are replayed (every one has failures).
+REPLAYED_RUNS = (
+    "core_bugs", "derivative_layout_determinism_bugs", "global_state_bugs", "grad_and_memory_bugs", "gradcheck_bugs",
+    "memory_bugs", "numeric_bugs", "real_world_bugs", "spec_language_bugs", "transposed_grad_output_bugs",
+    "triton_bugs", "vacuous",
+)
+# Only these contracts' failures are replayed for these runs (the others are covered elsewhere).
+REPLAYED = {"global_state_bugs": ("global_state",), "vacuous": ("return_count",)}
 
 # Zoo bugs that are nondeterministic on purpose (unseeded noise in backward).
 NONDETERMINISTIC_BUGS = ("noisy_backward", "undeclared_noise")
@@ -82,14 +69,19 @@ def _replay_all(scripts: list[str], mode: str, run_dir: Path, tmp_path: Path) ->
     return [(status, text) for status, text in json.loads(out.read_text())]
 
 
-@pytest.mark.parametrize("run_name", sorted(ZOO_RUNS))
+@pytest.mark.parametrize(
+    "run_name",
+    [pytest.param(name, marks=pytest.mark.xdist_group(ZOO_RUNS[name].group)) for name in REPLAYED_RUNS],
+)
 def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
-    conformance_run, tmp_path: Path, run_name: str  # type: ignore[no-untyped-def]
+    zoo_run, tmp_path: Path, run_name: str  # type: ignore[no-untyped-def]
 ) -> None:
-    file_name, extra, contracts, max_examples = ZOO_RUNS[run_name]
-    run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
-    failures = {key: v for key, v in run.verdicts.items() if v.outcome == "failed"}
-    assert failures, f"{file_name}: no failures to reproduce"
+    run = zoo_run(run_name)
+    replayed = REPLAYED.get(run_name)
+    failures = {
+        key: v for key, v in run.verdicts.items() if v.outcome == "failed" and (replayed is None or key[0] in replayed)
+    }
+    assert failures, f"{run_name}: no failures to reproduce"
     missing = [key for key, v in failures.items() if not v.recorded.repro]
     assert not missing, f"failures without a repro script: {missing}"
     keys = sorted(failures)
@@ -115,10 +107,10 @@ def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
         assert "passed:" in text
 
 
-def test_a_repro_script_runs_standalone_from_where_pytest_ran(conformance_run) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.xdist_group(ZOO_RUNS["core_bugs"].group)
+def test_a_repro_script_runs_standalone_from_where_pytest_ran(zoo_run) -> None:  # type: ignore[no-untyped-def]
     """``python script.py`` with nothing on PYTHONPATH, from the directory pytest ran in."""
-    file_name, extra, contracts, max_examples = ZOO_RUNS["core_bugs"]
-    run = conformance_run(ZOO / file_name, *extra, contracts=contracts, max_examples=max_examples)
+    run = zoo_run("core_bugs")
     verdict = run.verdict("grad_meta", "wrong_dtype_grad")
     script = Path(verdict.recorded.repro)
     assert f"repro script: python {script}" in verdict.text

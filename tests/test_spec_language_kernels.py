@@ -9,15 +9,13 @@ import re
 
 import pytest
 
-from tests.conftest import ZOO
-
 SPEC_LANGUAGE_OPS = ("rotary", "gate_up", "cross_entropy_ignore_index", "varlen_attention", "sdpa_additive_mask")
 # A wrong gradient or value: gradcheck (float64 finite differences) and reference own it.
 VALUE_CONTRACTS = {"reference", "gradcheck"}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_reference_ops_using_the_spec_language_pass_on_several_seeds(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("seed", [1])  # the main job (.ci/run) runs seed 0
+def test_reference_ops_using_the_spec_language_pass_on_another_seed(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run("reference_ops", f"--seed={seed}", "-k", " or ".join(SPEC_LANGUAGE_OPS), max_examples=8)
     assert run.names() == set(SPEC_LANGUAGE_OPS)
     failures = {key: v.text for key, v in run.verdicts.items() if v.outcome == "failed"}
@@ -30,8 +28,8 @@ def test_reference_ops_using_the_spec_language_pass_on_several_seeds(conformance
 
 
 @pytest.fixture
-def spec_language_zoo(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "spec_language_bugs.py", max_examples=12)
+def spec_language_zoo(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("spec_language_bugs")
 
 
 def _failed(run, name: str) -> set[str]:  # type: ignore[no-untyped-def]

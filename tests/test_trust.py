@@ -31,13 +31,13 @@ ONE_DEFECT = {
 
 
 @pytest.fixture
-def correct(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "real_world_correct.py", max_examples=8)
+def correct(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("real_world_correct")
 
 
 @pytest.fixture
-def bugs(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "real_world_bugs.py", max_examples=8)
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("real_world_bugs")
 
 
 @pytest.mark.parametrize("name", CORRECT)
@@ -81,11 +81,11 @@ def test_broadcast_hint_only_when_the_input_was_broadcast(bugs) -> None:  # type
     assert "'b' was broadcast to (" in text and "sum_to_size" in text
 
 
-def test_grad_output_written_through_a_transposed_view_is_caught(bugs, conformance_run) -> None:  # type: ignore[no-untyped-def]
+def test_grad_output_written_through_a_transposed_view_is_caught(bugs, zoo_run) -> None:  # type: ignore[no-untyped-def]
     text = bugs.failed("inplace", "rotary_transposed_output_bug")
     assert "grad_output[0] was modified in place by backward" in text
     # Every dim > 1: the write reaches the caller only for one grad_output layout.
-    run = conformance_run(ZOO / "transposed_grad_output_bugs.py", contracts=("inplace", "reference"), max_examples=3)
+    run = zoo_run("transposed_grad_output_bugs")
     for name, layout in (("transposed_output_in_place_grad", "like_output"), ("contiguous_output_in_place_grad", "swapped")):
         text = run.failed("inplace", name)
         assert "grad_output[0] was modified in place by backward" in text and f"layout={layout}" in text

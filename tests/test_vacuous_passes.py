@@ -14,7 +14,7 @@ import pytest
 from conformance.engine import report
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.verdict import Outcome, Verdict
-from tests.conftest import CONFORMANCE_DIR, ZOO
+from tests.conftest import CONFORMANCE_DIR
 
 CONTRACTS = sorted(p.stem.removeprefix("test_") for p in CONFORMANCE_DIR.glob("test_*.py"))
 BACKWARD = ("return_count", "grad_meta", "saved_tensors", "gradcheck", "gradgradcheck")
@@ -83,8 +83,8 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
 
 
 @pytest.fixture
-def vacuous(conformance_run):  # type: ignore[no-untyped-def]
-    return conformance_run(ZOO / "vacuous.py", max_examples=5)
+def vacuous(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("vacuous")
 
 
 def _outcome(verdict) -> str:  # type: ignore[no-untyped-def]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +90,7 @@ class Verdict:
 class ConformanceRun:
     """Verdicts of one in-process ``pytest conformance`` run, keyed by (contract, name, device)."""
 
-    result: pytest.RunResult
+    result: pytest.RunResult | None  # None when another xdist worker made the run
     verdicts: dict[tuple[str, str, str], Verdict]
     run_dir: Path  # where pytest ran (repro scripts run from there)
 
@@ -121,14 +124,12 @@ class ConformanceRun:
 _cache: dict[tuple[str, ...], ConformanceRun] = {}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (under --dist loadgroup)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that read a shared zoo run (``zoo_run``; runs are cached per worker by their arguments)
-    run on one worker per module, so each run is made once; a test marked ``xdist_group`` joins the
-    group that reads its run. Other tests, those making a run of their own included, spread one by one."""
-    for item in items:
-        if "zoo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+def _shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this session sees (the parent of the workers' basetemps)."""
+    basetemp = tmp_path_factory.getbasetemp()
+    folder = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "conformance-runs"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def run_conformance(
@@ -138,8 +139,12 @@ def run_conformance(
     contracts: Sequence[str] = (),
     max_examples: int = 5,
     cache: bool = True,
+    shared: Path | None = None,
 ) -> ConformanceRun:
-    """Run the contract tests in-process against ``impl``; cached per argument set."""
+    """Run the contract tests in-process against ``impl``; cached per argument set, and with
+    ``shared`` (a folder all xdist workers see) across workers too: the first worker to need a run
+    makes it under a file lock and the others read its verdicts, so each run is made once however
+    the tests are spread."""
     args = [
         str(CONFORMANCE_DIR),
         f"--impl={impl}",
@@ -152,8 +157,24 @@ def run_conformance(
     if contracts:
         args.append(f"--contracts={','.join(contracts)}")
     key = tuple(args)
-    if cache and key in _cache:
-        return _cache[key]
+    if not cache:
+        return _run(pytester, args)
+    if key not in _cache and shared is None:
+        _cache[key] = _run(pytester, args)
+    if key not in _cache:
+        stored = shared / hashlib.sha256("\0".join(key).encode()).hexdigest()[:24]
+        with open(f"{stored}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if Path(f"{stored}.pickle").exists():
+                verdicts, run_dir = pickle.loads(Path(f"{stored}.pickle").read_bytes())
+                _cache[key] = ConformanceRun(None, verdicts, run_dir)
+            else:
+                _cache[key] = _run(pytester, args)
+                Path(f"{stored}.pickle").write_bytes(pickle.dumps((_cache[key].verdicts, _cache[key].run_dir)))
+    return _cache[key]
+
+
+def _run(pytester: pytest.Pytester, args: list[str]) -> ConformanceRun:
     result = pytester.runpytest_inprocess(*args)
     verdicts: dict[tuple[str, str, str], Verdict] = {}
     for report in result.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
@@ -165,19 +186,17 @@ def run_conformance(
         contract, name, device = test
         text = str(report.longrepr) if report.longrepr else ""
         verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties))
-    run = ConformanceRun(result, verdicts, pytester.path)
-    if cache:
-        _cache[key] = run
-    return run
+    return ConformanceRun(result, verdicts, pytester.path)
 
 
 @pytest.fixture
-def zoo_run(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
+def zoo_run(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """``zoo_run(name)`` -> the :class:`ConformanceRun` of ``tests.zoo_runs.ZOO_RUNS[name]``."""
 
     def run(name: str) -> ConformanceRun:
         spec = ZOO_RUNS[name]
-        return run_conformance(pytester, ZOO / spec.file, *spec.extra, contracts=spec.contracts, max_examples=spec.max_examples)
+        return run_conformance(pytester, ZOO / spec.file, *spec.extra, contracts=spec.contracts,
+                               max_examples=spec.max_examples, shared=_shared_cache_dir(tmp_path_factory))
 
     return run
 

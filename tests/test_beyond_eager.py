@@ -133,6 +133,7 @@ def test_inductor_is_opt_in(conformance_run) -> None:  # type: ignore[no-untyped
                           contracts=("compile",), max_examples=1)
     run.passed("compile", "compile_only_bug_ok")
     bad = conformance_run(ZOO / "beyond_eager_correct.py", "--compile-backends=tvm", contracts=("compile",), cache=False)
+    assert bad.result is not None  # an uncached run keeps its pytest result
     assert "--compile-backends: unknown ['tvm']" in str(bad.result.stderr) + str(bad.result.stdout)
 
 

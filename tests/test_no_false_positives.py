@@ -20,7 +20,7 @@ CORRECT_ZOO = (
 )
 
 
-@pytest.mark.parametrize("zoo_file", [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in CORRECT_ZOO])
+@pytest.mark.parametrize("zoo_file", CORRECT_ZOO)
 def test_correct_functions_pass_every_contract(conformance_run, zoo_file: str) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run(ZOO / zoo_file, max_examples=8)
     assert run.verdicts, "nothing was collected"

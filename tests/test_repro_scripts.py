@@ -18,7 +18,6 @@ import pytest
 
 from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
 from tests.conftest import REPO
-from tests.zoo_runs import ZOO_RUNS
 
 # The zoo runs whose failures are replayed (every one has failures).
 REPLAYED_RUNS = (
@@ -32,46 +31,53 @@ REPLAYED = {"global_state_bugs": ("global_state",), "vacuous": ("return_count",)
 # Zoo bugs that are nondeterministic on purpose (unseeded noise in backward).
 NONDETERMINISTIC_BUGS = ("noisy_backward", "undeclared_noise")
 
-# Replays every script given in a JSON list, in this process, as `python script.py` would;
-# with "twin", the spec's Function is swapped for the correct twin built from its reference.
+# Replays every script given in a JSON list, in this process, as `python script.py` would: first
+# as written, then with the spec's Function swapped for the correct twin built from its reference.
 DRIVER = """
 import contextlib, io, json, runpy, sys
-sys.path.append(sys.argv[4])
-jobs, mode, out_path = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
-if mode == "twin":
-    import conformance.engine.replay as replay
-    from tests.twins import with_twin
-    load = replay.load_spec
-    replay.load_spec = lambda impl, name: with_twin(load(impl, name))
-results = []
-for script in jobs:
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-        try:
-            runpy.run_path(script, run_name="__main__")
-            status = 0
-        except SystemExit as done:
-            status = done.code
-    results.append([status, captured.getvalue()])
-json.dump(results, open(out_path, "w"))
+sys.path.append(sys.argv[3])
+jobs, out_path = json.load(open(sys.argv[1])), sys.argv[2]
+
+
+def replay_all():
+    results = []
+    for script in jobs:
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            try:
+                runpy.run_path(script, run_name="__main__")
+                status = 0
+            except SystemExit as done:
+                status = done.code
+        results.append([status, captured.getvalue()])
+    return results
+
+
+as_written = replay_all()
+import conformance.engine.replay as replay
+from tests.twins import with_twin
+load = replay.load_spec
+replay.load_spec = lambda impl, name: with_twin(load(impl, name))
+json.dump({"as_written": as_written, "twin": replay_all()}, open(out_path, "w"))
 """
 
 
-def _replay_all(scripts: list[str], mode: str, run_dir: Path, tmp_path: Path) -> list[tuple[int, str]]:
-    jobs, out = tmp_path / f"jobs-{mode}.json", tmp_path / f"results-{mode}.json"
+def _replay_all(scripts: list[str], run_dir: Path, tmp_path: Path) -> dict[str, list[tuple[int, str]]]:
+    """Each script's (exit status, output), as written and on the twin (one process: torch imports once)."""
+    jobs, out = tmp_path / "jobs.json", tmp_path / "results.json"
     jobs.write_text(json.dumps(scripts))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the scripts set their own path
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(jobs), mode, str(out), str(REPO)],
+        [sys.executable, "-c", DRIVER, str(jobs), str(out), str(REPO)],
         cwd=run_dir, env=env, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return [(status, text) for status, text in json.loads(out.read_text())]
+    return {mode: [(status, text) for status, text in results] for mode, results in json.loads(out.read_text()).items()}
 
 
 @pytest.mark.parametrize(
     "run_name",
-    [pytest.param(name, marks=pytest.mark.xdist_group(ZOO_RUNS[name].group)) for name in REPLAYED_RUNS],
+    REPLAYED_RUNS,
 )
 def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
     zoo_run, tmp_path: Path, run_name: str  # type: ignore[no-untyped-def]
@@ -87,7 +93,8 @@ def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
     keys = sorted(failures)
     scripts = [failures[k].recorded.repro for k in keys]
 
-    for key, (status, text) in zip(keys, _replay_all(scripts, "as_written", run.run_dir, tmp_path)):
+    replays = _replay_all(scripts, run.run_dir, tmp_path)
+    for key, (status, text) in zip(keys, replays["as_written"]):
         contract, name, _ = key
         verdict = failures[key]
         assert status == EXIT_FAILED, f"{key}: the repro script exited {status}, but should fail:\n{text}"
@@ -101,13 +108,11 @@ def test_zoo_repro_scripts_fail_with_the_contract_message_and_pass_on_the_twin(
         for line in text.strip().splitlines():
             assert line.strip() in verdict.text, f"{key}: {line.strip()!r} is not in the test's report:\n{verdict.text}"
 
-    twin_results = _replay_all(scripts, "twin", run.run_dir, tmp_path)
-    for key, (status, text) in zip(keys, twin_results):
+    for key, (status, text) in zip(keys, replays["twin"]):
         assert status == EXIT_PASSED, f"{key}: the repro script exited {status} on the correct twin:\n{text}"
         assert "passed:" in text
 
 
-@pytest.mark.xdist_group(ZOO_RUNS["core_bugs"].group)
 def test_a_repro_script_runs_standalone_from_where_pytest_ran(zoo_run) -> None:  # type: ignore[no-untyped-def]
     """``python script.py`` with nothing on PYTHONPATH, from the directory pytest ran in."""
     run = zoo_run("core_bugs")

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'autograd-conformance[triton]')")
 
 from tests.conftest import ZOO
-from tests.zoo_runs import TRITON_BUG_CONTRACTS, ZOO_RUNS
+from tests.zoo_runs import TRITON_BUG_CONTRACTS
 
 TRITON_REFERENCE = (
     "triton_softmax", "triton_gated", "triton_rmsnorm", "triton_layer_norm", "triton_flash_attention",
@@ -117,7 +117,6 @@ def test_triton_reference_ops_pass_every_contract(device: str, tmp_path, seed: i
     assert done.returncode == 0, done.stdout[-3000:]
 
 
-@pytest.mark.xdist_group(ZOO_RUNS["triton_bugs"].group)  # reads the run the repro-script test reads
 def test_gradient_stored_into_input_fails_inplace(triton_bugs, device) -> None:  # type: ignore[no-untyped-def]
     text = triton_bugs.failed("inplace", "triton_grad_into_input", device)
     assert "input 'x' was modified in place by backward, but should be unchanged [GradIntoInput.backward]" in text
@@ -128,7 +127,6 @@ def test_gradient_stored_into_input_fails_inplace(triton_bugs, device) -> None: 
     triton_bugs.passed("grad_meta", "triton_grad_into_input", device)
 
 
-@pytest.mark.xdist_group(ZOO_RUNS["triton_bugs"].group)
 def test_dropped_tail_fails_gradcheck_and_reference(triton_bugs, device) -> None:  # type: ignore[no-untyped-def]
     text = triton_bugs.failed("gradcheck", "triton_dropped_tail", device)
     assert "analytical grad['x'] != numerical" in text

@@ -124,6 +124,13 @@ class ConformanceRun:
 _cache: dict[tuple[str, ...], ConformanceRun] = {}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The repro-script replays read the zoo runs other modules make: collected last, they find the
+    runs made (under ``--dist loadfile`` modules are handed out in collection order) instead of
+    making one while its module's worker waits for it."""
+    items.sort(key=lambda item: item.path.name == "test_repro_scripts.py")
+
+
 def _shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every xdist worker of this session sees (the parent of the workers' basetemps)."""
     basetemp = tmp_path_factory.getbasetemp()

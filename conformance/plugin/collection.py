@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -111,7 +113,7 @@ def deselect(config: pytest.Config, items: list[pytest.Item], options: RunOption
         items[:] = kept
 
 
-def shard_of_rows(tests_per_row: dict[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:
+def shard_of_rows(tests_per_row: Mapping[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:
     """Slice (1..shards) of each (function, device) row: the largest rows first, each to the slice
     with the fewest tests so far (the lowest on ties). Depends only on the rows and their counts, so
     every machine of a sharded run computes the same slices."""
@@ -124,27 +126,21 @@ def shard_of_rows(tests_per_row: dict[tuple[str, str], int], shards: int) -> dic
     return assigned
 
 
-def keep_shard(config: pytest.Config, items: list[pytest.Item], shard: tuple[int, int]) -> int:
-    """Keep the contract tests of slice ``shard`` = (K, N) (other items stay in slice 1); return how
-    many tests the whole run has, so an empty slice can tell itself from an empty run."""
+def keep_shard(config: pytest.Config, items: list[pytest.Item], shard: tuple[int, int]) -> None:
+    """Keep the contract tests of slice ``shard`` = (K, N); other items stay in slice 1."""
     index, count = shard
-    rows: dict[tuple[str, str], int] = {}
+    rows = []
     for item in items:
         test = item.stash.get(contract_test_key, None)
-        if test is not None:
-            row = (test.spec.name, test.device)
-            rows[row] = rows.get(row, 0) + 1
-    slices = shard_of_rows(rows, count)
+        rows.append(None if test is None else (test.spec.name, test.device))
+    slices = shard_of_rows(Counter(row for row in rows if row is not None), count)
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
-    for item in items:
-        test = item.stash.get(contract_test_key, None)
-        own = 1 if test is None else slices[(test.spec.name, test.device)]
-        (kept if own == index else dropped).append(item)
+    for item, row in zip(items, rows):
+        (kept if (1 if row is None else slices[row]) == index else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    return len(kept) + len(dropped)
 
 
 def rerun_command(run_dir: Path, item: pytest.Item, options: RunOptions, device: str) -> str:

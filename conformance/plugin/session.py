@@ -81,7 +81,6 @@ class ConformanceSession:
         self.own_flight_dir: Path | None = None  # made (and removed) by this process
         self.user_threads: int | None = None  # torch's thread count before the run set its own
         self.contracts: dict[str, ContractInfo] = {}  # every contract of the suite, by name
-        self.tests_before_sharding = 0  # with --shard: the whole run's test count
 
     # ---------------------------------------------------------------- setup
 
@@ -169,7 +168,7 @@ class ConformanceSession:
         mark_contract_tests(items, self.expectations)
         deselect(config, items, self.options)
         if self.options.shard is not None:
-            self.tests_before_sharding = keep_shard(config, items, self.options.shard)
+            keep_shard(config, items, self.options.shard)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.is_worker:

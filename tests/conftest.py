@@ -166,19 +166,22 @@ def run_conformance(
     key = tuple(args)
     if not cache:
         return _run(pytester, args)
-    if key not in _cache and shared is None:
-        _cache[key] = _run(pytester, args)
     if key not in _cache:
-        stored = shared / hashlib.sha256("\0".join(key).encode()).hexdigest()[:24]
-        with open(f"{stored}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            if Path(f"{stored}.pickle").exists():
-                verdicts, run_dir = pickle.loads(Path(f"{stored}.pickle").read_bytes())
-                _cache[key] = ConformanceRun(None, verdicts, run_dir)
-            else:
-                _cache[key] = _run(pytester, args)
-                Path(f"{stored}.pickle").write_bytes(pickle.dumps((_cache[key].verdicts, _cache[key].run_dir)))
+        _cache[key] = _run(pytester, args) if shared is None else _shared_run(pytester, args, shared)
     return _cache[key]
+
+
+def _shared_run(pytester: pytest.Pytester, args: list[str], shared: Path) -> ConformanceRun:
+    """The run another worker made and stored in ``shared``, else this one (stored for the others)."""
+    stored = shared / f"{hashlib.sha256(chr(0).join(args).encode()).hexdigest()[:24]}.pickle"
+    with open(stored.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if stored.exists():
+            verdicts, run_dir = pickle.loads(stored.read_bytes())
+            return ConformanceRun(None, verdicts, run_dir)
+        run = _run(pytester, args)
+        stored.write_bytes(pickle.dumps((run.verdicts, run.run_dir)))
+        return run
 
 
 def _run(pytester: pytest.Pytester, args: list[str]) -> ConformanceRun:

@@ -178,6 +178,18 @@ OPTIONS: tuple[Option, ...] = (
         example="--compile-backends=aot_eager,inductor", unset="aot_eager",
     ),
     Option(
+        "--advice", "str",
+        "what advice does (performance or hygiene of correct code: a graph break, a recompile, unneeded "
+        "gradient work, an undeclared double backward): report it, or fail the test",
+        default="report", choices=("report", "fail"), metavar="ACTION", example="--advice=fail", unset="report",
+    ),
+    Option(
+        "--upstream", "str",
+        "what an upstream finding does (only torch.compile or another torch component is wrong while eager is "
+        "right: torch's bug): report it with a repro and workaround, or fail the test",
+        default="report", choices=("report", "fail"), metavar="ACTION", example="--upstream=fail", unset="report",
+    ),
+    Option(
         "--isolate", "flag",
         "run every contract test in a forked child process, so a Function that exits the process or "
         "segfaults fails its test (with its case) and the run goes on; CPU only (use -n N for CUDA)",

@@ -19,9 +19,10 @@ example per test unless ``--max-examples`` is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from hypothesis import strategies as st
@@ -30,7 +31,8 @@ from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Evaluated, outputs_and_grads, preflight
 from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
-from conformance.engine.report import fail
+from conformance.engine.report import advise, fail, upstream
+from conformance.engine.repro import torch_only_script
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import dynamo_refuses_jvp
 from conformance.engine.triton_interpreter import interpreting, uses_triton
@@ -120,56 +122,138 @@ def _judged(results: Evaluated, truth: Evaluated, baseline: Evaluated, where: st
     return values
 
 
-def _compare(target: Target, case: Case, eager: Evaluated, compiled: Evaluated, grad_outputs: dict[int, torch.Tensor], where: str) -> None:
-    """Compiled results bitwise equal to eager's, or within the reference policy of the truth."""
+@dataclass(frozen=True)
+class _Mismatch:
+    """How compiled results differ from eager's beyond what the reference policy allows."""
+
+    summary: str
+    details: tuple[str, ...]
+
+
+def _mismatch(
+    target: Target, case: Case, eager: Evaluated, compiled: Evaluated, grad_outputs: dict[int, torch.Tensor], where: str
+) -> _Mismatch | None:
+    """None when compiled results equal eager's bitwise, or lie within the reference policy of the
+    truth; else what differs. Stops the example as not checked when eager itself is outside the
+    policy (the reference contract's finding)."""
     if len(compiled.outputs) != len(eager.outputs):
-        fail(f"len(outputs)={len(compiled.outputs)} compiled, but should be {len(eager.outputs)} like eager [{where}]")
+        return _Mismatch(f"len(outputs)={len(compiled.outputs)} compiled, but should be {len(eager.outputs)} like eager [{where}]", ())
     pairs = [(f"output[{i}]", c, e) for i, (c, e) in enumerate(zip(compiled.outputs, eager.outputs))]
     pairs += [(f"grad[{n!r}]", compiled.grads.get(n), g) for n, g in eager.grads.items()]
     differing = [what for what, c, e in pairs if not (c is None and e is None) and not _bitwise_equal(c, e)]
     if not differing:
-        return
+        return None
     for what, c, e in pairs:
         if isinstance(c, torch.Tensor) and isinstance(e, torch.Tensor) and tuple(c.shape) != tuple(e.shape):
-            fail(f"{what}.shape={tuple(c.shape)} compiled, but should be {tuple(e.shape)} like eager [{where}]")
+            return _Mismatch(f"{what}.shape={tuple(c.shape)} compiled, but should be {tuple(e.shape)} like eager [{where}]", ())
         if (c is None) != (e is None):
-            fail(f"{what} is {'None' if c is None else 'a tensor'} compiled, but {'None' if e is None else 'a tensor'} in eager [{where}]")
+            return _Mismatch(
+                f"{what} is {'None' if c is None else 'a tensor'} compiled, but {'None' if e is None else 'a tensor'} in eager [{where}]", ()
+            )
+        if not isinstance(c, torch.Tensor) and what in differing:
+            return _Mismatch(f"{what}={c!r} compiled, but should be {e!r} like eager [{where}]", ())
     spec = target.spec
     names = [r.name for r in case.recipes]
     pristine = case.args()
     truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     verdict = judge_against_truth(spec, case.dtype, _judged(compiled, truth, baseline, where, pristine, names))
     if verdict is None:
-        return
+        return None
     if judge_against_truth(spec, case.dtype, _judged(eager, truth, baseline, where, pristine, names)) is not None:
         target.not_checked("eager results are already outside the reference policy on this case: the reference contract's finding")
-        return
-    fail(
+        raise _NothingToJudge
+    return _Mismatch(
         f"compiled {verdict.summary.replace(' - reference|', ' - reference| (eager is within it)', 1)}",
-        f"differs from eager (not bitwise): {', '.join(differing)}",
-        verdict.details,
+        (f"differs from eager (not bitwise): {', '.join(differing)}", verdict.details),
     )
 
 
-def _trace_failure(target: Target, error: BaseException, backend: str, case: Case) -> None:
-    """Report what compiling raised: Dynamo's reason for a graph break, else the error."""
+class _NothingToJudge(Exception):
+    """The example has nothing to say about compile (eager is outside the policy already, or
+    Dynamo cannot trace a Function with a jvp): the reason went to ``target.not_checked``."""
+
+
+def _dynamo_alone(target: Target, case: Case, grad_outputs: dict[int, torch.Tensor]) -> Evaluated | BaseException:
+    """The case under Dynamo's trace alone (backend 'eager': no AOTAutograd, no Inductor), or
+    what it raised: when it agrees with eager, a compiled difference comes from torch's backend."""
+    call = target.spec.op.call
+    torch._dynamo.reset()
+
+    def dynamo_only(*args: Any) -> Any:
+        return call(*args)
+
+    try:
+        return outputs_and_grads(torch.compile(dynamo_only, backend="eager"), case, grad_outputs)[0]
+    except Exception as error:
+        return error
+
+
+def _upstream_or_defect(
+    target: Target, case: Case, backend: str, eager: Evaluated, grad_outputs: dict[int, torch.Tensor],
+    summary: str, details: Sequence[str],
+) -> NoReturn:
+    """A difference only compiled code shows: torch's bug when Dynamo's own trace of the Function
+    agrees with eager (only the backend differs), else the Function's defect."""
+    __tracebackhide__ = True
+    where = f"{target.spec.display_name}, backend='eager'"
+    alone = _dynamo_alone(target, case, grad_outputs) if backend != "eager" else None
+    if isinstance(alone, Evaluated) and _mismatch(target, case, eager, alone, grad_outputs, where) is None:
+        upstream(
+            f"torch's bug: backend={backend!r} is wrong where eager and Dynamo's trace alone (backend='eager') are "
+            f"right: {summary}",
+            *details,
+            "Workaround: call this Function outside the compiled region (decorate the caller with "
+            "torch.compiler.disable) or compile with backend='eager'"
+            + ("; for an in-place Function (mark_dirty), pass it a tensor created inside the compiled region, "
+               "or have forward write into a new tensor" if target.spec.mutates else "") + ".",
+            "Torch-only repro to file at https://github.com/pytorch/pytorch/issues (it needs only torch and this Function):",
+            torch_only_script(case, grad_outputs, backend),
+        )
+    fail(summary, *details)
+
+
+def _trace_advice(target: Target, error: BaseException, backend: str, case: Case) -> None:
+    """A Function that does not trace as one graph: a defect when the spec promises fullgraph,
+    else advice naming Dynamo's reason (and the Function's own definition, where that is the cause)."""
     where = f"{target.spec.display_name}, torch.compile(fullgraph=True, backend={backend!r}), {str(case.dtype).removeprefix('torch.')}"
     text = " ".join(str(error).split())
-    if target.spec.op.declares("jvp") and dynamo_refuses_jvp(text):
-        target.not_checked(
-            "Dynamo cannot trace an autograd.Function that defines a jvp staticmethod (torch "
-            f"{torch.__version__}: {text[:160]}); without fullgraph it runs that Function eagerly"
-        )
-        return
-    dynamo = isinstance(error, torch._dynamo.exc.TorchDynamoException)
     graph_break = isinstance(error, torch._dynamo.exc.Unsupported)
-    what = "could not trace it (a graph break)" if graph_break else f"raised {type(error).__name__}"
-    fail(
-        f"torch.compile {what}, but eager runs this case [{where}]",
+    what = "could not trace it as one graph (a graph break)" if graph_break else f"raised {type(error).__name__} under fullgraph=True"
+    own = _own_definition_cause(target)
+    details = (
         f"{type(error).__name__}: {text[:1500]}",
-        "Dynamo traces forward and backward with fake tensors: no data pointers, .item()/.tolist() or print in "
-        "forward, no Python side effects (globals, caches) shared between forward and backward; keep state on ctx."
-        if dynamo else "",
+        own or "Dynamo traces forward and backward with fake tensors: no data pointers, .item()/.tolist() or print in "
+        "forward, no Python side effects (globals, caches) shared between forward and backward; keep state on ctx.",
+    )
+    if "fullgraph" in target.spec.compile_promises:
+        fail(f"torch.compile {what}, but the spec promises compile='fullgraph' [{where}]", *details)
+    advise(
+        f"torch.compile {what}; without fullgraph it runs and matches eager, so this is performance advice [{where}]",
+        *details,
+        "register(..., compile='fullgraph') makes this a failure for a Function that promises one graph.",
+    )
+
+
+def _own_definition_cause(target: Target) -> str:
+    """The part of the Function's own definition that Dynamo cannot trace, when we can tell."""
+    function = target.spec.op.function
+    if isinstance(function, type) and isinstance(inspect.getattr_static(function, "forward", None), classmethod):
+        return (
+            f"{target.spec.display_name}.forward is a @classmethod: Dynamo binds autograd.Function.forward as a "
+            "staticmethod, so it cannot trace this definition (make forward a @staticmethod)."
+        )
+    return ""
+
+
+def _compile_error(target: Target, error: BaseException, backend: str, case: Case, eager: Evaluated, grad_outputs: dict[int, torch.Tensor]) -> NoReturn:
+    """torch.compile (graph breaks allowed) raised where eager runs."""
+    __tracebackhide__ = True
+    where = f"{target.spec.display_name}, torch.compile(backend={backend!r}), {str(case.dtype).removeprefix('torch.')}"
+    text = " ".join(str(error).split())
+    _upstream_or_defect(
+        target, case, backend, eager, grad_outputs,
+        f"torch.compile raised {type(error).__name__}, but eager runs this case [{where}]",
+        (f"{type(error).__name__}: {text[:1500]}",),
     )
 
 
@@ -193,41 +277,90 @@ def check_compile(target: Target, data: st.DataObject) -> None:
         drawn.append(target.draw_case(data, larger, dtypes=(first.dtype,)))
     preflight(target.contract, first)  # a defect eager already shows is its owner's (blocked by it)
     _blocked_by_opcheck(target, first)
-    call = target.spec.op.call
-    for backend_name in target.options.compile_backends:
+    try:
+        for backend_name in target.options.compile_backends:
+            _check_backend(target, drawn, backend_name)
+    except _NothingToJudge:
+        return
+    target.checked()
+
+
+class _Compiled:
+    """One compiled callable of the Function for one backend, fullgraph until a graph break."""
+
+    def __init__(self, target: Target, backend: str, *, fullgraph: bool) -> None:
         torch._dynamo.reset()  # each example compiles afresh: no cache entries from another test
+        call = target.spec.op.call
 
         def traced(*args: Any) -> Any:
             return call(*args)
 
-        compiled_call = torch.compile(traced, backend=backend_name, fullgraph=True)
-        expected = ExpectedRecompiles()
-        allowed = 0
-        for index, case in enumerate(drawn):
-            if target.context is not None:
-                target.context.use_case(case)
-            eager, grad_outputs = outputs_and_grads(call, case, None)
-            try:
-                compiled, _ = outputs_and_grads(compiled_call, case, grad_outputs)
-            except Exception as error:
-                _trace_failure(target, error, backend_name, case)
-                return
-            allowed += 1 if expected.add(case) else 0
-            variants = compiled_variants(traced)
-            if variants > allowed:
-                sizes = "; ".join(c.describe() for c in drawn[: index + 1])
-                fail(
-                    f"torch.compile compiled {variants} variants for {index + 1} calls, but should reuse one after "
-                    f"the sizes that change have turned dynamic (an earlier graph serves call {index + 1}) "
-                    f"[{target.spec.display_name}, backend={backend_name!r}]",
-                    f"calls: {sizes}",
-                    "A recompile on every new size: the Function branches on a size or a Python number in forward, "
-                    "or loops over a size in Python (range(0, n, BLOCK)), so Dynamo guards on it. Rerun with "
-                    "TORCH_LOGS=recompiles to see the failing guard; where that is by design, waive it with "
-                    "register(..., waivers={'compile': 'why'}).",
+        self.traced = traced
+        self.fullgraph = fullgraph
+        self.call = torch.compile(traced, backend=backend, fullgraph=fullgraph)
+        self.expected = ExpectedRecompiles()
+        self.allowed = 0
+
+
+def _check_backend(target: Target, drawn: list[Case], backend: str) -> None:
+    call = target.spec.op.call
+    compiled_fn = _Compiled(target, backend, fullgraph=True)
+    storm_reported = False
+    for index, case in enumerate(drawn):
+        if target.context is not None:
+            target.context.use_case(case)
+        eager, grad_outputs = outputs_and_grads(call, case, None)
+        try:
+            compiled, _ = outputs_and_grads(compiled_fn.call, case, grad_outputs)
+        except Exception as error:
+            if not compiled_fn.fullgraph:
+                _compile_error(target, error, backend, case, eager, grad_outputs)
+            if target.spec.op.declares("jvp") and dynamo_refuses_jvp(" ".join(str(error).split())):
+                target.not_checked(
+                    "Dynamo cannot trace an autograd.Function that defines a jvp staticmethod (torch "
+                    f"{torch.__version__}); without fullgraph it runs that Function eagerly"
                 )
-            _compare(target, case, eager, compiled, grad_outputs, f"{target.spec.display_name}, backend={backend_name!r}")
-    target.checked()
+                raise _NothingToJudge from None
+            _trace_advice(target, error, backend, case)
+            compiled_fn = _Compiled(target, backend, fullgraph=False)  # graph breaks allowed from here on
+            try:
+                compiled, _ = outputs_and_grads(compiled_fn.call, case, grad_outputs)
+            except Exception as error_again:
+                _compile_error(target, error_again, backend, case, eager, grad_outputs)
+        compiled_fn.allowed += 1 if compiled_fn.expected.add(case) else 0
+        variants = compiled_variants(compiled_fn.traced)
+        if variants > compiled_fn.allowed and not storm_reported:
+            storm_reported = True
+            _recompile_finding(target, backend, drawn[: index + 1], variants)
+        where = f"{target.spec.display_name}, backend={backend!r}"
+        mismatch = _mismatch(target, case, eager, compiled, grad_outputs, where)
+        if mismatch is not None:
+            _upstream_or_defect(target, case, backend, eager, grad_outputs, mismatch.summary, mismatch.details)
+
+
+def _recompile_finding(target: Target, backend: str, calls: list[Case], variants: int) -> None:
+    """A call that an earlier (dynamic) graph should serve compiled again: a defect when the spec
+    promises dynamic shapes, else advice naming the sizes that drove it."""
+    sizes = "; ".join(c.describe() for c in calls)
+    summary = (
+        f"torch.compile compiled {variants} variants for {len(calls)} calls, but should reuse one after "
+        f"the sizes that change have turned dynamic (an earlier graph serves call {len(calls)}) "
+        f"[{target.spec.display_name}, backend={backend!r}]"
+    )
+    details = (
+        f"calls: {sizes}",
+        "A recompile on every new size: the Function branches on a size or a Python number in forward, "
+        "or loops over a size in Python (range(0, n, BLOCK)), so Dynamo guards on it. Rerun with "
+        "TORCH_LOGS=recompiles to see the failing guard.",
+    )
+    if "dynamic" in target.spec.compile_promises:
+        fail(summary.replace("but should reuse one", "but the spec promises compile='dynamic' and should reuse one"), *details)
+    advise(
+        summary.replace(", but should reuse one", "; performance advice: it could reuse one"),
+        *details,
+        "Where the structure really depends on the size (scan levels, block counts), this is by design; "
+        "register(..., compile='dynamic') makes it a failure for a Function that promises one graph.",
+    )
 
 
 def _traceable_here(target: Target) -> None:

@@ -21,11 +21,14 @@ from strategies.cases import Case
 __all__ = [
     "ContractFailure",
     "TestContext",
+    "UpstreamFailure",
+    "advise",
     "contract_failure",
     "current_context",
     "describe_value",
     "fail",
     "mismatch_report",
+    "upstream",
 ]
 
 
@@ -62,6 +65,11 @@ class ContractFailure(AssertionError):
         return self.report_text()
 
 
+class UpstreamFailure(ContractFailure):
+    """A failure only a torch component causes (torch.compile), while eager is right on the same
+    inputs: torch's bug, reported as such (it does not fail the run unless --upstream=fail)."""
+
+
 @dataclass
 class TestContext:
     """What a failure report needs to know about the running test (set by the runner)."""
@@ -80,6 +88,9 @@ class TestContext:
     # Examples the Triton interpreter could not run faithfully (bfloat16, a libdevice function
     # without a fallback): not checked, and "not run here" when no example was.
     interpreter_limits: dict[str, None] = field(default_factory=dict)
+    # The first advice (performance or hygiene of correct code) an example gave: the test passes
+    # with it, unless a defect fails it.
+    advice: ContractFailure | None = None
 
     def use_case(self, case: Case) -> None:
         """The case now being checked: failure reports describe it and rebuild it."""
@@ -115,10 +126,29 @@ def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | 
     raise contract_failure(summary, *details, contract=contract, spec=spec, case=case)
 
 
+def advise(summary: str, *details: str) -> None:
+    """Record advice on correct code for the running test (the first one given is kept); the
+    contract goes on checking correctness, and a defect it finds later still fails the test."""
+    context = current_context()
+    if context is not None and context.advice is None:
+        context.advice = contract_failure(summary, *details)
+
+
+def upstream(summary: str, *details: str) -> NoReturn:
+    """Raise :class:`UpstreamFailure`: torch, not the Function, is wrong on this example."""
+    __tracebackhide__ = True
+    raise contract_failure(summary, *details, kind=UpstreamFailure)
+
+
 def contract_failure(
-    summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None
+    summary: str,
+    *details: str,
+    contract: str | None = None,
+    spec: Spec | None = None,
+    case: Case | None = None,
+    kind: type[ContractFailure] = ContractFailure,
 ) -> ContractFailure:
-    """The :class:`ContractFailure` :func:`fail` raises, for a caller that must carry it."""
+    """The :class:`ContractFailure` (or ``kind``) :func:`fail` raises, for a caller that must carry it."""
     context = current_context()
     contract = contract or (context.contract if context else "?")
     spec = spec or (context.spec if context else None)
@@ -128,7 +158,7 @@ def contract_failure(
     lines.extend(f"  {line}" for detail in details if detail for line in detail.splitlines())
     if case is not None:
         lines.append(f"  case: {case.describe()}")
-    failure = ContractFailure(
+    failure = kind(
         contract, spec.name if spec else "?", summary, "\n".join(lines),
         snippet=case.repro() if case is not None else "", rerun=context.rerun if context is not None else "",
     )

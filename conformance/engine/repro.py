@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ __all__ = [
     "attach_script",
     "script_name",
     "to_source",
+    "torch_only_script",
     "write_script",
 ]
 
@@ -275,3 +277,67 @@ def attach_script(
         return ""
     failure.repro_path = str(path)
     return str(path)
+
+
+def _literal(value: Any) -> str:
+    """Python source that rebuilds ``value`` with torch alone (a tensor's values written out)."""
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu()
+        return f"torch.tensor({data.tolist()!r}, dtype={data.dtype}, device={str(value.device)!r})"
+    return repr(value)
+
+
+def torch_only_script(case: Case, grad_outputs: dict[int, torch.Tensor], backend: str) -> str:
+    """A script that needs only torch and the Function: it runs ``case`` (values written out, layouts
+    contiguous) eagerly and under ``torch.compile(backend=...)`` and prints what differs -- for an
+    issue on torch's tracker, where the suite is no help."""
+    spec = case.spec
+    module = sys.modules.get(spec.op.module)
+    source_file = getattr(module, "__file__", None) or spec.source_file or ""
+    imports, callee = spec.op.repro_import(source_file)
+    if any("conformance" in line for line in imports):  # a file loaded by path: import it with the stdlib
+        top = callee.split(".")[0]
+        imports = [
+            "import importlib.util",
+            f"_spec = importlib.util.spec_from_file_location('functions_under_test', {source_file!r})",
+            "_module = importlib.util.module_from_spec(_spec)",
+            "_spec.loader.exec_module(_module)",
+            f"{top} = _module.{top}",
+        ]
+    args = case.args()
+    names = [r.name for r in case.recipes]
+    mutated = set(spec.mutates)
+    lines = ["import torch", *imports, "", "def inputs():"]
+    for name, arg in zip(names, args):
+        needs = isinstance(arg, torch.Tensor) and arg.requires_grad
+        lines.append(f"    {name} = {_literal(arg)}" + (".requires_grad_()" if needs else ""))
+    lines.append(f"    return [{', '.join(names)}]")
+    lines += [
+        "",
+        "",
+        f"def run({', '.join(names)}):",
+        f"    return {callee}({', '.join(names)})",
+        "",
+        "",
+        f"GRAD_OUTPUTS = {{{', '.join(f'{k}: {_literal(v)}' for k, v in sorted(grad_outputs.items()))}}}",
+        "",
+        "",
+        "def outputs_and_grads(fn):",
+        "    args = inputs()",
+        "    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]",
+        f"    out = fn(*[a.clone() if name in {sorted(mutated)!r} else a for name, a in zip({names!r}, args)])",
+        "    outs = out if isinstance(out, tuple) else (out,)",
+        "    pairs = [(outs[k], g) for k, g in GRAD_OUTPUTS.items()]",
+        "    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)",
+        "    return [o.detach() for o in outs if isinstance(o, torch.Tensor)], grads",
+        "",
+        "",
+        "eager = outputs_and_grads(run)",
+        f"compiled = outputs_and_grads(torch.compile(run, backend={backend!r}))",
+        "for what, e, c in [(f'output[{i}]', e, c) for i, (e, c) in enumerate(zip(eager[0], compiled[0]))] + [",
+        "    (f'grad[{i}]', e, c) for i, (e, c) in enumerate(zip(eager[1], compiled[1]))",
+        "]:",
+        "    same = (e is None and c is None) or (e is not None and c is not None and torch.equal(e, c))",
+        f"    print(what, 'same' if same else f\"DIFFERS: eager {{e}}, compiled (backend={backend!r}) {{c}}\")",
+    ]
+    return "\n".join(lines)

@@ -37,7 +37,15 @@ from conformance.engine.defects import Blocked, ForwardError
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
-from conformance.engine.report import ContractFailure, TestContext, contract_failure, fail, reset_context, set_context
+from conformance.engine.report import (
+    ContractFailure,
+    TestContext,
+    UpstreamFailure,
+    contract_failure,
+    fail,
+    reset_context,
+    set_context,
+)
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
 from conformance.engine.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
 from conformance.engine.verdict import Outcome, Verdict
@@ -85,6 +93,7 @@ class RunOptions:
     example_timeout: float | None = DEFAULT_EXAMPLE_TIMEOUT  # seconds per example; None: unbounded
     threads: int = SUITE_THREADS  # torch's intra-op threads for every evaluation (--threads)
     compile_backends: tuple[str, ...] = ("aot_eager",)  # what the compile contract compiles with
+    fail_on: frozenset[str] = frozenset({"defect"})  # the tiers that fail a test (--advice/--upstream=fail add theirs)
 
     def hypothesis_settings(self) -> settings:
         # Explicit, so Hypothesis' own "ci" profile (loaded when $CI is set) never leaks in.
@@ -287,6 +296,9 @@ class Target:
             run_settings(seed(test_seed)(given(data=st.data())(property_)))()
         except Blocked as blocked:
             self.skip_blocked(blocked)
+        except UpstreamFailure as found:
+            self._upstream(found)
+            return
         except (ContractFailure, ExampleAborted) as error:
             # Hypothesis ran the minimal failing example last: its draws are the ones recorded
             # (an aborted example -- a hang, sys.exit -- is not shrunk: it is that example).
@@ -303,15 +315,9 @@ class Target:
         """Conclude a contract failure: its repro script, its verdict; an xfail when a dtype
         expectation expects it."""
         __tracebackhide__ = True
-        repro = ""
-        if self.repro_dir is not None:
-            repro = attach_script(
-                failure, self.repro_dir, contract=self.contract, spec_name=self.spec.name, device=self.device,
-                impl=self.options.impl, draws=self.last_draws, run_dir=self.run_dir or Path.cwd(),
-            )
-        case = self.context.case.describe() if self.context is not None and self.context.case is not None else ""
         verdict = Verdict(
-            Outcome.FAILED, failure.summary, case=case, repro=repro, rerun=self.rerun, message=str(failure)
+            Outcome.FAILED, failure.summary, case=self._case_text(), repro=self._repro_script(failure), rerun=self.rerun,
+            message=str(failure),
         )
         expected = expected_in(self.dtype_expectations, failure.dtype)
         if expected is None:
@@ -321,9 +327,41 @@ class Target:
         self.conclude(replace(verdict, outcome=Outcome.XFAILED, reason=reason))
         pytest.xfail(reason)
 
+    def _repro_script(self, failure: ContractFailure) -> str:
+        if self.repro_dir is None:
+            return ""
+        return attach_script(
+            failure, self.repro_dir, contract=self.contract, spec_name=self.spec.name, device=self.device,
+            impl=self.options.impl, draws=self.last_draws, run_dir=self.run_dir or Path.cwd(),
+        )
+
+    def _case_text(self) -> str:
+        return self.context.case.describe() if self.context is not None and self.context.case is not None else ""
+
+    def _upstream(self, found: UpstreamFailure) -> None:
+        """Conclude torch's own bug: reported as upstream, a failure only under --upstream=fail."""
+        __tracebackhide__ = True
+        self._inform(found, Outcome.UPSTREAM, "upstream", repro=self._repro_script(found))
+
+    def _inform(
+        self, found: ContractFailure, outcome: Outcome, tier: str, *, repro: str = "", unmet: tuple[str, ...] = ()
+    ) -> None:
+        """Conclude advice or upstream: its own outcome (the test passes), or a failure when the
+        run fails on that tier."""
+        __tracebackhide__ = True
+        verdict = Verdict(
+            outcome, found.summary, case=self._case_text(), repro=repro, rerun=self.rerun, message=str(found),
+            unmet_expectations=unmet,
+        )
+        if tier not in self.options.fail_on:
+            self.conclude(verdict)
+            return
+        self.conclude(replace(verdict, outcome=Outcome.FAILED, tier=tier))
+        pytest.fail(f"{found!s}\n  ({tier} fails this run: --{tier}=fail)", pytrace=False)
+
     def _pass(self) -> None:
-        """Conclude a pass; a dtype expectation whose dtype was checked and passed is stale (and
-        fails the test if expectations are strict)."""
+        """Conclude a pass (with the advice an example gave, if any); a dtype expectation whose
+        dtype was checked and passed is stale (and fails the test if expectations are strict)."""
         __tracebackhide__ = True
         seen = self.context.dtypes_seen if self.context is not None else set()
         stale = unmet(self.dtype_expectations, seen)
@@ -337,6 +375,10 @@ class Target:
                 Outcome.FAILED, message, rerun=self.rerun, message=message, unmet_expectations=labels
             ))
             pytest.fail(message, pytrace=False)
+        advice = self.context.advice if self.context is not None else None
+        if advice is not None:
+            self._inform(advice, Outcome.ADVICE, "advice", unmet=labels)
+            return
         self.conclude(Verdict(Outcome.PASSED, rerun=self.rerun, unmet_expectations=labels))
 
     def _require_checked(self) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SKIP_OUTCOMES", "VERDICT_PROPERTY", "Outcome", "Verdict"]
+__all__ = ["SKIP_OUTCOMES", "TIERS", "VERDICT_PROPERTY", "Outcome", "Verdict", "tier_of"]
 
 # The key of the serialised verdict in ``item.user_properties``.
 VERDICT_PROPERTY = "conformance_verdict"
@@ -29,6 +29,8 @@ class Outcome(enum.Enum):
     """How a contract test ended, in the report's words (the matrix's and JSON report's values)."""
 
     PASSED = "passed"
+    ADVICE = "advice"  # passed, with advice on correct code (performance, hygiene)
+    UPSTREAM = "upstream"  # only a torch component (torch.compile) is wrong, eager is right
     FAILED = "failed"
     ERROR = "error"  # failed outside the test's call phase (setup, teardown)
     XFAILED = "xfailed"  # an expected deviation (expectations file) occurred
@@ -43,7 +45,19 @@ class Outcome(enum.Enum):
 # Outcomes of a test that pytest reports as skipped.
 SKIP_OUTCOMES = frozenset({Outcome.BLOCKED, Outcome.WAIVED, Outcome.NOT_APPLICABLE, Outcome.NOT_RUN_HERE, Outcome.SKIPPED})
 
-_TEXT_FIELDS = ("reason", "owner", "case", "repro", "rerun", "message")
+_TEXT_FIELDS = ("reason", "owner", "case", "repro", "rerun", "message", "tier")
+
+# What kind of finding a verdict is: a defect (wrong numbers, a crash on valid input, a memory or
+# global-state error) fails; advice (performance or hygiene of correct code) and upstream (torch's
+# own bug) inform, unless --advice=fail / --upstream=fail promote them to failures.
+TIERS = ("defect", "advice", "upstream")
+_OUTCOME_TIERS = {Outcome.FAILED: "defect", Outcome.ERROR: "defect", Outcome.ADVICE: "advice", Outcome.UPSTREAM: "upstream"}
+
+
+def tier_of(outcome: Outcome, tier: str = "") -> str:
+    """The tier of a finding: ``tier`` when given (advice promoted to a failure stays advice),
+    else the outcome's own ("" for a verdict that found nothing)."""
+    return tier or _OUTCOME_TIERS.get(outcome, "")
 
 
 @dataclass(frozen=True)
@@ -54,7 +68,9 @@ class Verdict:
     the blocking defect's summary, whose owner contract is ``owner``. ``message`` is a failure's
     whole report. ``case`` describes the example concerned, ``repro`` is the path of a failure's
     repro script, ``rerun`` the command that replays the test. ``unmet_expectations`` are the
-    labels of dtype expectations whose dtype was checked and passed (they are stale).
+    labels of dtype expectations whose dtype was checked and passed (they are stale). ``tier`` is
+    set only where it differs from the outcome's own (:func:`tier_of`): a failure promoted from
+    advice or upstream by ``--advice=fail`` / ``--upstream=fail``.
     """
 
     outcome: Outcome
@@ -65,6 +81,7 @@ class Verdict:
     rerun: str = ""
     message: str = ""
     unmet_expectations: tuple[str, ...] = ()
+    tier: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.outcome, Outcome):
@@ -74,8 +91,15 @@ class Verdict:
                 raise TypeError(f"Verdict.{name} must be a str; got {getattr(self, name)!r}")
         if not isinstance(self.unmet_expectations, tuple) or not all(isinstance(e, str) for e in self.unmet_expectations):
             raise TypeError(f"Verdict.unmet_expectations must be a tuple of str; got {self.unmet_expectations!r}")
+        if self.tier and (self.tier not in TIERS or self.outcome is not Outcome.FAILED):
+            raise ValueError(f"Verdict.tier is set only on a failure promoted from {TIERS[1:]}; got {self!r}")
         if (self.outcome is Outcome.BLOCKED) != bool(self.owner):
             raise ValueError(f"Verdict: a blocked verdict names its owner contract, no other does; got {self!r}")
+
+    @property
+    def finding(self) -> str:
+        """The tier of what this verdict found: defect, advice, upstream, or ""."""
+        return tier_of(self.outcome, self.tier)
 
     @property
     def skipped(self) -> bool:

@@ -17,6 +17,8 @@ from types import MappingProxyType
 from conformance.plugin.outcomes import (
     FAILURE_OUTCOMES,
     FAILURE_WORDS,
+    INFORM_OUTCOMES,
+    INFORM_WORDS,
     LABELS,
     OUTCOMES,
     SCHEMA_VERSION,
@@ -34,6 +36,8 @@ __all__ = ["anchor_id", "render_html"]
 # What each colour means, for the legend (the colours themselves live in the CSS below).
 MEANINGS: Mapping[str, str] = MappingProxyType({
     "passed": "the contract holds",
+    "advice": "the contract holds; advice on performance or hygiene",
+    "upstream": "only a torch component (torch.compile) is wrong, eager is right: torch's bug",
     "failed": "the contract is broken",
     "error": "setup, teardown or the check itself failed",
     "xfailed": "a known deviation (expectations file)",
@@ -93,6 +97,8 @@ table.matrix tfoot .bad { color: #b91c1c; font-weight: 700; display: block; }
 .bar span { display: block; height: 100%; }
 .bar-label { font-size: 11px; color: var(--muted); }
 .o-passed { background: #dcfce7; color: #166534; }
+.o-advice { background: #bbf7d0; color: #14532d; outline: 2px dashed #16a34a; outline-offset: -3px; }
+.o-upstream { background: #ede9fe; color: #5b21b6; }
 .o-failed { background: #dc2626; color: #fff; }
 .o-error { background: #881337; color: #fff; }
 .o-xfailed { background: #fef3c7; color: #92400e; }
@@ -102,7 +108,8 @@ table.matrix tfoot .bad { color: #b91c1c; font-weight: 700; display: block; }
 .o-not_applicable { background: #f1f5f9; color: #64748b; }
 .o-not_run_here { background: #e2e8f0; color: #64748b; }
 .o-skipped { background: #e0f2fe; color: #075985; }
-.bar .o-passed { background: #22c55e; }
+.bar .o-passed, .bar .o-advice { background: #22c55e; }
+.bar .o-upstream { background: #a78bfa; }
 .bar .o-xfailed { background: #fbbf24; }
 .bar .o-waived { background: #818cf8; }
 .bar .o-not_applicable, .bar .o-not_run_here { background: #cbd5e1; }
@@ -163,7 +170,7 @@ def _cell_html(function: str, device: str, contract: str, cell: Cell | None) -> 
     label = esc(LABELS[cell.outcome])
     if cell.outcome == "blocked" and cell.owner:
         label += f"<small>{esc(cell.owner)}</small>"
-    if cell.outcome in FAILURE_OUTCOMES:
+    if cell.outcome in FAILURE_OUTCOMES or cell.outcome in INFORM_OUTCOMES:
         label = f'<a href="#{anchor_id(key)}">{label}</a>'
     return f'<td class="o-{cell.outcome}" title="{esc(_title(key, cell))}">{label}</td>'
 
@@ -233,12 +240,13 @@ def _matrix(matrix: OutcomeMatrix) -> Iterator[str]:
 
 def _failures(matrix: OutcomeMatrix) -> Iterator[str]:
     failures = matrix.failures()
-    yield f'<section id="failures"><h2>Failures ({len(failures)})</h2>'
-    if not failures:
+    informing = matrix.informing()
+    yield f'<section id="failures"><h2>Failures ({len(failures)}), advice and upstream findings ({len(informing)})</h2>'
+    if not failures and not informing:
         yield "<p>None.</p>"
-    for function, device, contract, cell in failures:
+    for function, device, contract, cell in failures + informing:
         key = test_key(contract, row_label(function, device))
-        word = FAILURE_WORDS[cell.outcome]
+        word = FAILURE_WORDS.get(cell.outcome) or INFORM_WORDS[cell.outcome]
         yield f'<article class="failure {cell.outcome}" id="{anchor_id(key)}">'
         yield f'<h3><span class="chip o-{cell.outcome}">{esc(word)}</span><span class="mono">{esc(key)}</span></h3>'
         yield f'<p class="reason">{esc(cell.summary or "(no reason given)")}</p><dl>'

@@ -25,7 +25,7 @@ __all__ = ["MergeError", "main", "merge_reports"]
 
 # What shapes the verdicts: slices of one run agree on all of them.
 SAME_IN_EVERY_SLICE = ("seed", "profile", "max_examples", "impl", "devices", "dtypes")
-_CELL_FIELDS = ("outcome", "reason", "duration", "repro", "message", "rerun", "owner")
+_CELL_FIELDS = ("outcome", "reason", "duration", "repro", "message", "rerun", "owner", "tier")
 
 
 class MergeError(ValueError):
@@ -52,7 +52,8 @@ def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> tu
             if key in seen:
                 raise MergeError(f"{name}: {entry['id']} is also in {seen[key]}; a test belongs to one slice")
             seen[key] = name
-            matrix.record(*key, Cell(**{field: entry[field] for field in _CELL_FIELDS if field in entry}))
+            fields = {field: entry[field] for field in _CELL_FIELDS if entry.get(field) is not None}
+            matrix.record(*key, Cell(**fields))
     return matrix, _whole_run(runs)
 
 

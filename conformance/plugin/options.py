@@ -48,6 +48,8 @@ class RunOptions:
     isolate: bool
     report: Path | None  # the reports' base path, resolved against where pytest ran
     shard: tuple[int, int] | None = None  # (K, N) of --shard=K/N, 1 <= K <= N; None: the whole run
+    advice: str = "report"  # --advice: report | fail
+    upstream: str = "report"  # --upstream: report | fail
 
     @property
     def default_threads(self) -> bool:
@@ -69,6 +71,7 @@ class RunOptions:
             example_timeout=self.example_timeout,
             threads=self.threads,
             compile_backends=self.compile_backends,
+            fail_on=frozenset({"defect"} | {tier for tier in ("advice", "upstream") if getattr(self, tier) == "fail"}),
         )
 
     def repro_dir(self) -> Path | None:
@@ -119,6 +122,8 @@ def parse_options(values: Mapping[str, OptionValue], *, run_dir: Path) -> RunOpt
         isolate=bool(merged["isolate"]),
         report=None if report is None else run_dir / _text(merged, "report"),
         shard=None if merged["shard"] is None else parse_shard(_text(merged, "shard")),
+        advice=_text(merged, "advice"),
+        upstream=_text(merged, "upstream"),
     )
     if options.report is not None:
         _check_report_path(str(report), options.report)

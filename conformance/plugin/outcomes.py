@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from conformance.engine.verdict import Outcome
+from conformance.engine.verdict import TIERS, Outcome, tier_of
 
 __all__ = [
     "FAILURE_OUTCOMES",
@@ -29,30 +29,41 @@ __all__ = [
     "test_key",
 ]
 
-SCHEMA_VERSION = 2  # the JSON report's format; the first format (before "schema_version") counts as 1
+SCHEMA_VERSION = 3  # the JSON report's format (3: tiers); the first format (before "schema_version") counts as 1
 
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 FAILURE_OUTCOMES = ("failed", "error", "xpassed")  # what makes a run red, and what the failures list shows
+INFORM_OUTCOMES = ("advice", "upstream")  # findings that do not fail the run: one line each after the failures
 
 # One short symbol per outcome for the terminal table (pytest's own letters where it has one).
 SYMBOLS: Mapping[str, str] = MappingProxyType({
-    "passed": ".", "failed": "F", "error": "E", "xfailed": "x", "xpassed": "X", "blocked": "b", "waived": "w",
+    "passed": ".", "advice": "a", "upstream": "u", "failed": "F", "error": "E", "xfailed": "x", "xpassed": "X", "blocked": "b", "waived": "w",
     "not_applicable": "-", "not_run_here": "~", "skipped": "s",
 })
 # A readable word per outcome for Markdown and HTML cells; upper case marks what needs attention.
 LABELS: Mapping[str, str] = MappingProxyType({
-    "passed": "pass", "failed": "FAIL", "error": "ERROR", "xfailed": "xfail", "xpassed": "XPASS",
-    "blocked": "blocked", "waived": "waived", "not_applicable": "n/a", "not_run_here": "not run here",
+    "passed": "pass", "advice": "advice", "upstream": "upstream (torch)", "failed": "FAIL", "error": "ERROR",
+    "xfailed": "xfail", "xpassed": "XPASS", "blocked": "blocked", "waived": "waived", "not_applicable": "n/a", "not_run_here": "not run here",
     "skipped": "skip",
 })
 # How a count reads in a totals line ("3 failed", "2 n/a").
 TOTAL_WORDS: Mapping[str, str] = MappingProxyType({
-    "passed": "passed", "failed": "failed", "error": "error", "xfailed": "xfailed", "xpassed": "xpassed",
+    "passed": "passed", "advice": "advice", "upstream": "upstream", "failed": "failed", "error": "error", "xfailed": "xfailed", "xpassed": "xpassed",
     "blocked": "blocked", "waived": "waived", "not_applicable": "n/a", "not_run_here": "not run here",
     "skipped": "skipped",
 })
 # The word that starts a line of the failures list.
 FAILURE_WORDS: Mapping[str, str] = MappingProxyType({"failed": "FAIL", "error": "ERROR", "xpassed": "XPASS"})
+# The word that starts a line of advice or an upstream finding.
+INFORM_WORDS: Mapping[str, str] = MappingProxyType({"advice": "ADVICE", "upstream": "UPSTREAM"})
+# What each tier means, for legends (the README's legend is tested against it).
+TIER_MEANINGS: Mapping[str, str] = MappingProxyType({
+    "defect": "wrong values or gradients, a crash on valid input, a memory or global-state error: fails",
+    "advice": "performance or hygiene of correct code (a graph break, a recompile, unneeded work): "
+              "informs; fails under --advice=fail",
+    "upstream": "only torch.compile (or another torch component) is wrong, eager is right: torch's bug, "
+                "with a torch-side repro; fails under --upstream=fail",
+})
 
 TERMINAL_WIDTH = 120
 MAX_LABEL = 40  # longer row labels are shortened in the terminal table (never in the files)
@@ -84,12 +95,20 @@ class Cell:
     message: str = ""  # the full failure report (multi-line) for failed/error cells
     rerun: str = ""  # the command that replays this test
     owner: str = ""  # the contract whose defect blocks this one (blocked cells)
+    tier: str = ""  # defect, advice or upstream for a finding (see Outcome); "" when nothing was found
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"Cell.outcome must be one of {', '.join(OUTCOMES)}; got {self.outcome!r}")
+        if self.tier not in ("", *TIERS):
+            raise ValueError(f"Cell.tier must be one of {', '.join(TIERS)} or empty; got {self.tier!r}")
         if self.owner and self.outcome != "blocked":
             raise ValueError(f"Cell.owner names the contract blocking a blocked cell; got {self.owner!r} on {self.outcome!r}")
+
+    @property
+    def finding(self) -> str:
+        """The cell's tier: its own, else its outcome's (a failed cell is a defect)."""
+        return tier_of(Outcome(self.outcome), self.tier)
 
     @property
     def summary(self) -> str:
@@ -285,11 +304,19 @@ class OutcomeMatrix:
         verdict = "FAILED" if any(totals[o] for o in FAILURE_OUTCOMES) else "ok"
         return f"autograd-conformance: {len(self)} contract tests, {verdict}: " + (", ".join(parts) or "none")
 
+    def informing(self) -> list[tuple[str, str, str, Cell]]:
+        """The advice and upstream cells as (function, device, contract, cell), sorted."""
+        return [entry for entry in self.cells() if entry[3].outcome in INFORM_OUTCOMES]
+
     def failure_lines(self, *, verbosity: int = 0) -> list[str]:
+        """One line per failure, then one per advice and upstream finding."""
         lines = []
-        for function, device, contract, cell in self.failures():
+        for function, device, contract, cell in self.failures() + self.informing():
             reason = cell.summary if verbosity >= 1 else shorten(cell.summary, SHORT_REASON)
-            line = f"{FAILURE_WORDS[cell.outcome]} {test_key(contract, row_label(function, device))}"
+            word = FAILURE_WORDS.get(cell.outcome) or INFORM_WORDS[cell.outcome]
+            if cell.outcome in FAILURE_OUTCOMES and cell.tier in INFORM_OUTCOMES:
+                word += f" ({cell.tier})"
+            line = f"{word} {test_key(contract, row_label(function, device))}"
             if reason:
                 line += f": {reason}"
             if cell.repro:
@@ -361,10 +388,11 @@ class OutcomeMatrix:
                 "duration": round(float(cell.duration), 6),
                 "repro": cell.repro,
                 "rerun": cell.rerun,
+                "tier": cell.finding or None,
             }
             if cell.owner:
                 entry["owner"] = cell.owner
-            if cell.outcome in FAILURE_OUTCOMES:
+            if cell.outcome in FAILURE_OUTCOMES or cell.outcome in INFORM_OUTCOMES:
                 entry["message"] = cell.message
             results.append(entry)
         matrix = {
@@ -469,19 +497,21 @@ def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
         yield "_" + md_escape(group.line(names=", ".join(group.rows))) + "_"
     yield ""
     yield (
-        "Cells: `pass`, `FAIL`, `ERROR`, `xfail` (expected deviation), `XPASS` (expected deviation passed), "
+        "Cells: `pass`, `advice` (passes; performance or hygiene of correct code), `upstream (torch)` (only "
+        "torch.compile or another torch component is wrong: torch's bug), `FAIL`, `ERROR`, `xfail` (expected "
+        "deviation), `XPASS` (expected deviation passed), "
         "`blocked by <contract>` (another contract's defect stops this one), `waived` (by the spec), "
         "`n/a` (does not apply), `not run here` (needs a device or tool this machine lacks), `skip`."
     )
-    failures = matrix.failures()
+    failures = matrix.failures() + matrix.informing()
     yield ""
-    yield "## Failures"
+    yield "## Failures, advice and upstream findings"
     yield ""
     if not failures:
         yield "None."
     for function, device, contract, cell in failures:
         key = test_key(contract, row_label(function, device))
-        yield f"### {FAILURE_WORDS[cell.outcome]} {md_escape(key)}"
+        yield f"### {FAILURE_WORDS.get(cell.outcome) or INFORM_WORDS[cell.outcome]} {md_escape(key)}"
         yield ""
         yield md_escape(cell.summary) or "(no reason given)"
         if cell.repro or cell.rerun:

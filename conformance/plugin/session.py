@@ -29,7 +29,7 @@ from conformance.engine.contract import ContractInfo, discover
 from conformance.engine.expectations import Expectations
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.runner import Target
-from conformance.engine.verdict import Outcome, Verdict
+from conformance.engine.verdict import Outcome, Verdict, tier_of
 from conformance.engine.watchdog import FlightRecorder
 from conformance.plugin.collection import (
     EXPECTATION_PROPERTY,
@@ -262,7 +262,7 @@ def cell_of(report: pytest.TestReport) -> tuple[tuple[str, str, str], Cell, Verd
     verdict = Verdict.of(report.user_properties)
     outcome, reason = _outcome_and_reason(report, verdict)
     message = ""
-    if outcome.value in FAILURE_OUTCOMES:
+    if outcome.value in FAILURE_OUTCOMES or outcome in (Outcome.ADVICE, Outcome.UPSTREAM):
         own = verdict.message if verdict is not None and report.when == "call" else ""
         message = own or report.longreprtext
     cell = Cell(
@@ -273,6 +273,7 @@ def cell_of(report: pytest.TestReport) -> tuple[tuple[str, str, str], Cell, Verd
         message=message,
         rerun=verdict.rerun if verdict is not None else "",
         owner=verdict.owner if verdict is not None and outcome is Outcome.BLOCKED else "",
+        tier=tier_of(outcome, verdict.tier if verdict is not None and outcome is Outcome.FAILED else ""),
     )
     return (contract, function, device), cell, verdict
 
@@ -294,6 +295,8 @@ def _outcome_and_reason(report: pytest.TestReport, verdict: Verdict | None) -> t
         longrepr = report.longrepr
         reason = str(longrepr[2]) if isinstance(longrepr, (tuple, list)) else str(longrepr)
         return Outcome.SKIPPED, reason.removeprefix("Skipped: ")
+    if verdict is not None and verdict.outcome in (Outcome.ADVICE, Outcome.UPSTREAM):
+        return verdict.outcome, verdict.reason
     return Outcome.PASSED, ""
 
 

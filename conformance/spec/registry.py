@@ -25,6 +25,7 @@ from conformance.spec.targets import OpAdapter, adapt
 from conformance.spec.validation import (
     check_arity,
     check_budgets,
+    check_compile_promises,
     check_declared_mutations,
     check_devices,
     check_dtypes,
@@ -97,6 +98,7 @@ def register(
     max_examples: int | None = None,
     autotune: Any = None,
     fast_gradcheck: bool = False,
+    compile: str | Sequence[str] = (),
 ) -> T:
     """Register ``fn`` for conformance testing: a ``torch.autograd.Function`` subclass, or a
     ``torch.library.custom_op`` with ``register_autograd`` (the object the decorator returns,
@@ -105,6 +107,10 @@ def register(
     ``fast_gradcheck=True``: the gradcheck contract uses random projections (a few evaluations
     per example) at every size, not the full Jacobian below 256 elements: for a Function each
     evaluation of which is costly (an interpreted Triton kernel).
+
+    ``compile``: what the Function promises under ``torch.compile`` beyond matching eager:
+    ``"fullgraph"`` (it traces as one graph, so a graph break is a defect) and/or ``"dynamic"``
+    (one graph serves every size, so a recompile is a defect). Without a promise both are advice.
 
     ``autotune``: an ``@triton.autotune`` kernel the Function launches (or several): every
     config of each is checked as its own test id, named ``<name>:<config>``, with the kernel
@@ -134,6 +140,7 @@ def register(
         max_elements=max_elements,
         max_examples=max_examples,
         fast_gradcheck=fast_gradcheck,
+        compile_promises=compile,
         origin=origin,
         registered_at=registered_at,
     )
@@ -208,6 +215,7 @@ def _build_spec(
     max_elements: Any = None,
     max_examples: Any = None,
     fast_gradcheck: Any = False,
+    compile_promises: Any = (),
     registered_at: str = "",
 ) -> Spec:
     """The validated :class:`Spec` (not registered); raises :class:`SpecError` naming the first
@@ -235,6 +243,7 @@ def _build_spec(
     check_saves(saves, fail)
     check_budgets({"max_elements": max_elements, "max_examples": max_examples}, fail)
     check_declared_mutations(op, mutates, fail)
+    promises = check_compile_promises(compile_promises, fail)
     return Spec(
         op=op,
         fn=op.function,
@@ -255,6 +264,7 @@ def _build_spec(
         max_elements=max_elements,
         max_examples=max_examples,
         fast_gradcheck=fast_gradcheck,
+        compile_promises=promises,
         origin=origin,
         registered_at=registered_at,
         source_file=_source_file(sys.modules.get(op.module)),

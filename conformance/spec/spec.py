@@ -79,6 +79,7 @@ class Spec:
     max_elements: int | None = None  # caps every contract's per-input element budget
     max_examples: int | None = None  # caps the examples per contract test
     fast_gradcheck: bool = False  # gradcheck by random projections at every size (costly evaluations)
+    compile_promises: frozenset[str] = frozenset()  # "fullgraph", "dynamic": what compile may fail on beyond values
     # register(..., autotune=kernel): this spec checks one config of an @triton.autotune kernel
     autotune_pin: tuple[Any, int] | None = None
     autotune_config: str = ""  # that config, described for failure messages

@@ -377,6 +377,22 @@ def check_waivers(waivers: Any, fail: Fail) -> Mapping[str, str]:
     return waivers
 
 
+COMPILE_PROMISES = ("fullgraph", "dynamic")
+
+
+def check_compile_promises(promises: Any, fail: Fail) -> frozenset[str]:
+    """``compile=``: "fullgraph", "dynamic", or a sequence of them; returned as a frozenset."""
+    given = (promises,) if isinstance(promises, str) else promises
+    if not isinstance(given, (tuple, list, set, frozenset)):
+        raise fail("compile", f"must be one of {COMPILE_PROMISES} or a sequence of them, got {promises!r}")
+    for promise in given:
+        check_listed(
+            promise, COMPILE_PROMISES, fail, "compile",
+            f"{promise!r} is not a torch.compile promise; choose from {COMPILE_PROMISES} (e.g. compile='fullgraph')",
+        )
+    return frozenset(given)
+
+
 def check_timeout(timeout: Any, fail: Fail) -> None:
     if timeout is not None and (not is_number(timeout) or not 0 < timeout < math.inf):
         raise fail("timeout", f"must be a positive number of seconds per example (or None), got {timeout!r}")

@@ -305,6 +305,7 @@ register(
     reference=lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1),
     dtypes=(torch.float64, torch.float32),
     double_backward=False,
+    compile="fullgraph",  # the promise it breaks: without it, a graph break is advice
 )
 
 
@@ -336,4 +337,5 @@ register(
     inputs=[Tensor("x", "*batch n")],
     reference=_padded_block_reference,
     dtypes=(torch.float64, torch.float32),
+    compile="dynamic",  # the promise it breaks: without it, a recompile is advice
 )

@@ -272,6 +272,7 @@ register(
     reference=lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1),
     dtypes=(torch.float64, torch.float32),
     double_backward=False,
+    compile="fullgraph",
 )
 
 
@@ -302,4 +303,5 @@ register(
     inputs=[Tensor("x", "*batch n")],
     reference=_padded_block_reference,
     dtypes=(torch.float64, torch.float32),
+    compile="dynamic",
 )

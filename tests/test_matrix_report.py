@@ -117,7 +117,7 @@ def test_terminal_default_table_fits_and_groups_not_run_here() -> None:
     assert f"56 tests not run here: {NO_CUDA}" in lines
     assert sum("not run here:" in line for line in lines) == 2  # one collapsed-rows line, one per reason
     assert "columns: 1 determinism  2 devices  3 grad_meta" in text and "14 unneeded_grads" in text
-    assert "legend: . pass  F FAIL  E ERROR  x xfail  X XPASS  b blocked" in text
+    assert "legend: . pass  a advice  u upstream (torch)  F FAIL  E ERROR  x xfail  X XPASS  b blocked" in text
     assert ("autograd-conformance: 112 contract tests, FAILED: 46 passed, 1 failed, 1 error, 1 xfailed, 1 xpassed, "
             "2 blocked, 1 waived, 2 n/a, 56 not run here, 1 skipped") in lines
     assert f"FAIL grad_meta[bias_grad_summed-cpu]: grad['b'].shape=(), but should be (4,) (repro: {REPRO})" in lines
@@ -159,7 +159,7 @@ def test_json_report(tmp_path: Path) -> None:
     paths = write_reports(sample(), tmp_path / "out" / "conformance", run_info())
     assert [p.name for p in paths] == ["conformance.json", "conformance.md", "conformance.html"]
     data = json.loads(paths[0].read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["run"]["seed"] == 7 and data["run"]["max_examples"] == 10 and data["run"]["devices"] == ["cpu", "cuda"]
     assert data["run"]["versions"]["torch"] == "2.13.0" and data["run"]["header"] == ["autograd-conformance: 4 Functions registered"]
     assert data["totals"]["failed"] == 1 and set(data["totals"]) == set(OUTCOMES)

@@ -133,7 +133,7 @@ def test_report_files(pytester: pytest.Pytester) -> None:
     report = pytester.path / "out" / "conformance"
     _run(pytester, f"--conformance-report={report}", "--seed=7", "--profile=ci")
     data = json.loads((report.parent / "conformance.json").read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["run"]["seed"] == 7 and data["run"]["profile"] == "ci" and data["run"]["devices"] == ["cpu"]
     assert data["run"]["triton"].split(" (")[0] in ("interpreted", "native", "not installed")
     assert data["matrix"]["wrong_dtype_grad-cpu"]["grad_meta"] == "failed"

@@ -13,6 +13,7 @@ import pytest
 from conformance.plugin.collection import shard_of_rows
 from conformance.plugin.merge import MergeError, main, merge_reports
 from conformance.plugin.options import parse_shard
+from conformance.plugin.outcomes import SCHEMA_VERSION
 from tests.conftest import ZOO
 
 CONTRACTS = ("grad_meta", "return_count", "needs_input_grad")
@@ -43,7 +44,7 @@ def _report(shard: str, results: list[dict[str, Any]], **run: Any) -> dict[str, 
     base = {"seed": 0, "profile": "ci", "max_examples": None, "impl": "mypkg", "devices": ["cpu"], "dtypes": None,
             "device_description": "cpu only", "triton": "interpreted", "versions": {"torch": "2.13.0"},
             "command": f"pytest conformance --shard={shard}", "header": [], "shard": shard}
-    return {"schema_version": 2, "run": {**base, **run}, "results": results}
+    return {"schema_version": SCHEMA_VERSION, "run": {**base, **run}, "results": results}
 
 
 def _result(function: str, contract: str, outcome: str = "passed", **extra: Any) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def test_merge_of_fake_slices() -> None:
         (lambda r: r[1]["run"].update(shard=""), "a report of a --shard=K/N run"),
         (lambda r: r.pop(), "slices 2/2 are missing"),
         (lambda r: r[1]["results"].append(_result("f", "grad_meta")), "grad_meta\\[f-cpu\\] is also in one.json"),
-        (lambda r: r[0].update(schema_version=1), "schema_version=1, but should be 2"),
+        (lambda r: r[0].update(schema_version=1), "schema_version=1, but should be 3"),
     ],
 )
 def test_merge_refuses_what_is_not_one_sharded_run(change: Any, says: str) -> None:

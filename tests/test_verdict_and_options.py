@@ -43,7 +43,8 @@ def _full(outcome: Outcome) -> Verdict:
 def test_the_outcome_vocabulary_is_the_reports() -> None:
     assert OUTCOMES == tuple(outcome.value for outcome in Outcome)
     assert OUTCOMES == (
-        "passed", "failed", "error", "xfailed", "xpassed", "blocked", "waived", "not_applicable", "not_run_here", "skipped",
+        "passed", "advice", "upstream", "failed", "error", "xfailed", "xpassed", "blocked", "waived", "not_applicable",
+        "not_run_here", "skipped",
     )
 
 
@@ -204,7 +205,7 @@ class FakeConfig:
 
 def test_the_table_knows_every_option_once() -> None:
     names = [option.name for option in entry.OPTIONS]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 19
     assert {option.ini for option in entry.OPTIONS} == {f"conformance_{name}" for name in names}
     assert next(o for o in entry.OPTIONS if o.flag == "--conformance-report").ini == "conformance_report"
 
@@ -228,7 +229,7 @@ def test_defaults() -> None:
         "impl": "reference_ops", "device": "auto", "gpus_per_worker": 1, "max_examples": None, "profile": "dev",
         "seed": 0, "dtypes": (), "contracts": (), "skip_contracts": (), "expectations": None,
         "strict_expectations": False, "example_timeout": 300.0, "threads": 1, "compile_backends": ("aot_eager",),
-        "isolate": False, "report": None, "shard": None,
+        "isolate": False, "report": None, "shard": None, "advice": "report", "upstream": "report",
     }
 
 

@@ -13,6 +13,7 @@ the contract that ran it, labelled with the case, repro and rerun like every fai
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,31 @@ from conformance.engine.triton_interpreter import interpreter_limit
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
-__all__ = ["Blocked", "Defect", "ForwardError", "forward_defect", "require_sound", "structural_defects", "unwritten_defect"]
+__all__ = [
+    "CRASH_OWNER",
+    "JUDGE_REPAIRED",
+    "BackwardError",
+    "Blocked",
+    "Crash",
+    "Defect",
+    "ForwardError",
+    "as_called",
+    "forward_defect",
+    "require_sound",
+    "structural_defects",
+    "unwritten_defect",
+]
+
+# Who fails for a forward or backward that raises on valid inputs (the runner asks
+# evaluate.crash_owner): layouts when the same values in plain layouts run, needs_input_grad when
+# they run with every input requiring grad, else this contract -- a crash on plain inputs leaves
+# nothing to count. Every other contract that meets the crash is blocked by its owner.
+CRASH_OWNER = "return_count"
+
+# Contracts that judge the gradients the autograd engine passes on, so a gradient whose shape or
+# dtype the engine repaired (summed over broadcast dims, cast) does not stop them: grad_meta fails
+# for the raw value, and these judge the repaired one (wrong values fail them too).
+JUDGE_REPAIRED = ("gradcheck", "reference")
 
 @dataclass(frozen=True)
 class Defect:
@@ -46,8 +71,43 @@ class Blocked(Exception):
         super().__init__(f"blocked by {defect.owner}: {defect.summary}")
 
 
-class ForwardError(Exception):
-    """The Function's forward raised; ``__cause__`` is the original error."""
+class Crash(Exception):
+    """The Function raised on ``case``; ``__cause__`` is the original error. The runner fails the
+    contract that owns the crash and blocks the others (see :data:`CRASH_OWNER`)."""
+
+    phase = ""
+
+    def __init__(self, message: str, case: Case | None = None) -> None:
+        super().__init__(message)
+        self.case = case
+
+
+class ForwardError(Crash):
+    """The Function's forward raised."""
+
+    phase = "forward"
+
+
+class BackwardError(Crash):
+    """The Function's backward (or the autograd engine on what it returned) raised; ``summary``
+    is the failure's first line."""
+
+    phase = "backward"
+
+    def __init__(self, message: str, case: Case | None = None, *, summary: str = "") -> None:
+        super().__init__(message, case)
+        self.summary = summary
+
+
+def as_called(case: Case, args: Sequence[Any]) -> Case:
+    """``case`` with the dtype and requires_grad subset its call really had (a contract may call
+    it in another dtype, or with a subset of the inputs requiring grad)."""
+    wanted = frozenset(r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad)
+    floating = [a.dtype for r, a in zip(case.recipes, args) if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor)]
+    dtype = floating[0] if floating else case.dtype
+    if wanted == case.requires_grad and dtype == case.dtype:
+        return case
+    return dataclasses.replace(case, requires_grad=wanted, dtype=dtype)
 
 
 def _broadcast_target(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
@@ -219,11 +279,14 @@ def require_sound(contract: str, execution: Execution) -> None:
         if defect.owner == contract:
             fail(defect.summary, *defect.details)
         raise Blocked(defect, execution.case)
+    repaired_ok = contract in JUDGE_REPAIRED or "grad_meta" in execution.case.spec.waivers
     for call in execution.recorder.calls:
         defects = structural_defects(execution.case, call, execution.args, execution.outputs)
         own = [d for d in defects if d.owner == contract]
         if own:
             fail(own[0].summary, *own[0].details)
+        if repaired_ok and execution.backward_error is None:
+            defects = [d for d in defects if d.owner != "grad_meta"]  # the engine repaired them
         if defects:
             raise Blocked(defects[0], execution.case)
     if execution.unwritten:
@@ -240,8 +303,8 @@ def require_sound(contract: str, execution: Execution) -> None:
     limit = interpreter_limit(cause)
     if limit is not None:
         raise limit  # not the Function's defect: the runner counts the example as not checked here
-    fail(
+    summary = (
         f"backward raised {type(cause).__name__}, but should return gradients "
-        f"[{execution.case.spec.display_name}.{'backward' if inside else 'backward (raised by the autograd engine)'}]",
-        f"{type(cause).__name__}: {cause}",
+        f"[{execution.case.spec.display_name}.{'backward' if inside else 'backward (raised by the autograd engine)'}]"
     )
+    raise BackwardError(f"{type(cause).__name__}: {cause}", as_called(execution.case, execution.args), summary=summary) from cause

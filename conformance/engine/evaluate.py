@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from conformance.engine.defects import ForwardError, require_sound
+from conformance.engine.defects import CRASH_OWNER, ForwardError, as_called, require_sound
 from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
 from conformance.engine.harness import (
     Execution,
@@ -43,6 +43,7 @@ from conformance.engine.memory import AllocationPolicy, padded_copy, poison_cand
 from conformance.engine.probe import Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
 from strategies.cases import Case
+from strategies.recipes import FloatingRecipe
 
 __all__ = [
     "Autocast",
@@ -232,7 +233,7 @@ def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPoli
     try:
         outputs = _apply(probed, passed)
     except Exception as error:
-        raise ForwardError(f"{type(error).__name__}: {error}") from error
+        raise ForwardError(f"{type(error).__name__}: {error}", as_called(case, args)) from error
     execution = Execution(case=case, args=args, outputs=outputs, recorder=recorder, passed=passed)
     execution.diff_positions = differentiable_positions(outputs)
     after_forward, after_backward = hooks
@@ -270,6 +271,37 @@ def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder) -
     if canaries is not None:
         recorder.canaries.append(canaries)
     return copy
+
+
+def crash_owner(case: Case, contract: str) -> str:
+    """The contract that owns a crash ``contract`` met on ``case`` (the call as it was made: its
+    dtype and requires_grad subset). See :data:`conformance.engine.defects.CRASH_OWNER`:
+    ``layouts`` when the same values in plain layouts (contiguous inputs and grad_outputs) run;
+    ``contract`` itself when they run and nothing about the layouts differed (what the contract
+    did to the call raised); ``needs_input_grad`` when the plain call runs with every
+    differentiable input requiring grad; else ``return_count`` (a crash on plain inputs)."""
+    plain = dataclasses.replace(
+        case,
+        recipes=tuple(dataclasses.replace(r, layout="contiguous") if isinstance(r, FloatingRecipe) else r for r in case.recipes),
+        grad_layout="as_drawn",
+    )
+    if _runs_cleanly(plain):
+        strided_grads = case.grad_kind in ("noncontiguous", "expanded") or case.grad_layout != "as_drawn"
+        return "layouts" if plain != case or strided_grads else contract
+    differentiable = frozenset(r.name for r in case.recipes if r.differentiable)
+    if case.requires_grad != differentiable and _runs_cleanly(dataclasses.replace(plain, requires_grad=differentiable)):
+        return "needs_input_grad"
+    return CRASH_OWNER
+
+
+def _runs_cleanly(case: Case) -> bool:
+    """Whether forward and backward of ``case`` run without raising, grad_outputs made contiguous."""
+    try:
+        with random_state(case.spec, case):
+            execution = execute(case, grad_outputs=lambda outs: tuple(g.contiguous() for g in case.grad_outputs(outs)))
+    except Exception:
+        return False
+    return execution.backward_error is None
 
 
 def preflight(contract: str, case: Case, *, dtype: torch.dtype | None = None) -> Execution:

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
-from conformance.engine.defects import Blocked, ForwardError
+from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError
+from conformance.engine.evaluate import crash_owner
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
@@ -441,18 +442,12 @@ class Target:
                     f"[{phase(_innermost_frame(exiting))}]",
                     _user_frames(exiting),
                 )) from None
-            except ForwardError as error:
-                cause = error.__cause__ or error
-                if self._interpreter_limited(cause):
-                    return
-                fail(
-                    f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.display_name}.forward]",
-                    f"{type(cause).__name__}: {cause}",
-                    _user_frames(cause),
-                )
+            except Crash as crash:
+                self._crashed(crash)
             except Exception as error:
                 if self._interpreter_limited(error):
                     return
+                self._crashed_in_user_code(error, phase(_innermost_frame(error)))
                 fail(
                     f"{type(error).__name__} raised while checking this contract [{self.spec.display_name}]",
                     f"{type(error).__name__}: {error}",
@@ -463,6 +458,39 @@ class Target:
 
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
         return property_
+
+    def _crashed(self, crash: Crash) -> None:
+        """A forward or backward that raised: the failure of the contract that owns the crash
+        (:func:`conformance.engine.evaluate.crash_owner`), a "blocked by" line for any other."""
+        __tracebackhide__ = True
+        cause = crash.__cause__ or crash
+        if self._interpreter_limited(cause):
+            return
+        if isinstance(crash, BackwardError):
+            summary = crash.summary
+        else:
+            summary = f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.display_name}.forward]"
+        owner = crash_owner(crash.case, self.contract) if crash.case is not None else self.contract
+        if owner != self.contract:
+            raise Blocked(Defect(owner, summary), crash.case)
+        fail(summary, f"{type(cause).__name__}: {cause}", _user_frames(cause), case=crash.case)
+
+    def _crashed_in_user_code(self, error: BaseException, where: str) -> None:
+        """An error raised inside the Function's forward or backward while the contract drove it
+        itself: when the drawn case alone reproduces it, it is a crash with an owner (the runner
+        blocks this contract by it); otherwise it is this contract's finding."""
+        __tracebackhide__ = True
+        case = self.context.case if self.context is not None else None
+        kind = {"forward": ForwardError, "backward": BackwardError}.get(where.split(" of ", 1)[0])
+        if case is None or kind is None or crash_owner(case, self.contract) == self.contract:
+            return
+        crash = kind(f"{type(error).__name__}: {error}", case)
+        if isinstance(crash, BackwardError):
+            crash.summary = (
+                f"backward raised {type(error).__name__}, but should return gradients [{self.spec.display_name}.backward]"
+            )
+        crash.__cause__ = error
+        self._crashed(crash)
 
     def _interpreter_limited(self, error: BaseException) -> bool:
         """Whether ``error`` is a Triton interpreter limit (bfloat16, a libdevice function without a

@@ -1,0 +1,101 @@
+"""Buggy Functions for decisive verdicts: one defect each, failed by exactly the contract that owns
+it, every other contract that meets it "blocked by" that owner (issue "Decisive verdicts").
+
+* ``crash_on_1d`` (RowCenter): y = x - mean(x, -1); forward reads the row count as
+  ``x.shape[-2]``, so it raises IndexError on 1-D input, a valid input of the spec. A crash on
+  plain inputs is return_count's; every other contract that meets it is blocked by it.
+* ``crash_on_expanded_grad`` (ViewGradScale): y = 2 * x; backward calls ``grad.view(-1)``, which
+  raises on the stride-0 grad_output ``y.sum().backward()`` produces. A crash only a layout causes
+  is layouts'; out_of_bounds and unwritten_memory meet it too and are blocked by layouts.
+* ``unreduced_wrong_bias`` (UnreducedWrongBias): y = x + b with b broadcast over rows; backward
+  returns the unreduced gradient for b, and scaled by 2. grad_meta fails for the shape; the engine
+  sums it, and gradcheck and reference see the wrong values.
+* ``silent_wrong_double_backward`` (SavedSigmoidSoftplus): softplus registered with
+  ``double_backward=False`` whose backward multiplies by a sigmoid saved in forward, so double
+  backward runs and silently gives a zero second derivative: gradgradcheck fails (a defect, not
+  advice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from conformance import Tensor, register
+
+
+class RowCenter(torch.autograd.Function):
+    """y = x - mean(x, -1), written for 2-D (rows, n) input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        rows, n = x.shape[-2], x.shape[-1]  # BUG: IndexError on 1-D input
+        ctx.n = n
+        return x - x.reshape(-1, rows, n).mean(-1, keepdim=True).reshape(x.shape[:-1] + (1,))
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        return grad_out - grad_out.mean(-1, keepdim=True)
+
+
+register(
+    RowCenter, name="crash_on_1d", inputs=[Tensor("x", "*batch n")], reference=lambda x: x - x.mean(-1, keepdim=True),
+)
+
+
+class ViewGradScale(torch.autograd.Function):
+    """y = 2 * x; backward flattens grad_output with .view."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        flat = grad_out.view(-1)  # BUG: raises on a stride-0 or transposed grad_output; use reshape
+        return (flat * 2).view(grad_out.shape)
+
+
+register(ViewGradScale, name="crash_on_expanded_grad", inputs=[Tensor("x", "m n")], reference=lambda x: x * 2)
+
+
+class UnreducedWrongBias(torch.autograd.Function):
+    """y = x + b, b of shape (n,) broadcast over the rows of x (m, n)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return x + b
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad_out, 2 * grad_out  # BUG: (m, n) for b (not summed over rows) and scaled by 2
+
+
+register(
+    UnreducedWrongBias, name="unreduced_wrong_bias", inputs=[Tensor("x", "m n"), Tensor("b", "n")], reference=lambda x, b: x + b,
+)
+
+
+class SavedSigmoidSoftplus(torch.autograd.Function):
+    """y = softplus(x); backward multiplies by sigmoid(x) saved from forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(torch.sigmoid(x))  # BUG for double backward: a constant to it
+        return F.softplus(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        (s,) = ctx.saved_tensors
+        return grad_out * s
+
+
+register(
+    SavedSigmoidSoftplus,
+    name="silent_wrong_double_backward",
+    inputs=[Tensor("x", "*batch n")],
+    reference=F.softplus,
+    double_backward=False,
+)

@@ -181,3 +181,19 @@ def test_doc_blocks_tool_prints_a_named_block() -> None:
     assert done.returncode == 0 and done.stdout.startswith("cp -r ")
     missing = subprocess.run([sys.executable, str(REPO / ".ci" / "doc_blocks.py"), "run", "nope"], capture_output=True, text=True)
     assert missing.returncode != 0 and "'nope' is named by 0 blocks" in missing.stderr
+
+
+def test_the_readme_contract_table_legend_and_tiers_are_the_suites() -> None:
+    from conformance.engine.contract import discover
+    from conformance.engine.verdict import TIERS
+    from conformance.plugin.outcomes import LABELS, OUTCOMES, SYMBOLS
+
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Contracts", 1)[1].split("<!-- end:contracts -->", 1)[0]
+    rows = [r for r in re.findall(r"^\| ([a-z_]+) \|", table, flags=re.MULTILINE) if r != "contract"]
+    assert sorted(rows) == sorted(discover()), "the README's contracts table lists every contract once"
+    legend = re.search(r"^ +legend: (.*(?:\n {6}\S.*)*)", readme, flags=re.MULTILINE)
+    assert legend is not None
+    assert " ".join(legend.group(1).split()) == " ".join("  ".join(f"{SYMBOLS[o]} {LABELS[o]}" for o in OUTCOMES).split())
+    tiers = readme.split("### Defects, advice and upstream findings", 1)[1].split("###", 1)[0]
+    assert re.findall(r"^\| ([a-z]+)(?: \(`.`\))? \|", tiers, flags=re.MULTILINE)[1:] == list(TIERS)  # after the header

@@ -237,12 +237,21 @@ class Target:
             chosen = chosen.replace(dtypes=tuple(dtypes))
         elif chosen.dtypes is None:
             chosen = chosen.replace(dtypes=self.dtypes())
+        self._blocked_by_a_hang()
         case = data.draw(cases(self.spec, chosen, device=self.device), label="case")
         if self.context is not None:
             self.context.use_case(case)
         if self.flight is not None:
             self.flight.start_example(case.describe(), self.example_timeout)
         return case
+
+    def _blocked_by_a_hang(self) -> None:
+        """One hang, one failure: once another contract found this Function hanging on this device
+        (in this process or another of the run), stop with "blocked by" it."""
+        hang = self.flight.hang_of(self.spec.name, self.device) if self.flight is not None else None
+        if hang is not None and hang[0] != self.contract:
+            owner, summary, case = hang
+            raise Blocked(Defect(owner, f"{summary}{f'; case: {case}' if case else ''}"), None)
 
     def draw_varied_case(self, data: st.DataObject) -> Case:
         """A case from the contract's preset (:data:`VARIED_CASES` for the memory contracts, which
@@ -430,8 +439,11 @@ class Target:
             except (ContractFailure, Blocked, HypothesisException, ReplayMismatch, ExampleAborted):
                 raise
             except ExampleTimeout as timeout:
+                summary = f"example took longer than {timeout.seconds:g} s, but should finish [hung in {timeout.phase}]"
+                if self.flight is not None:
+                    self.flight.record_hang(self.spec.name, self.device, self.contract, summary, self._case_text())
                 raise ExampleAborted(contract_failure(
-                    f"example took longer than {timeout.seconds:g} s, but should finish [hung in {timeout.phase}]",
+                    summary,
                     f"time budget: {timeout.seconds:g} s per example (--example-timeout, or register(..., timeout=) "
                     "for a Function that is legitimately slow)",
                     _user_frames(timeout),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import hashlib
 import json
 import os
 import signal
@@ -241,6 +242,12 @@ class FlightRecorder:
         deadline = now + timeout if timeout is not None else None
         self._write({**self._test, "case": case, "started": now, "deadline": deadline})
 
+    def record_hang(self, function: str, device: str, contract: str, summary: str, case: str) -> None:
+        record_hang(self.record_path.parent, function, device, contract, summary, case)
+
+    def hang_of(self, function: str, device: str) -> tuple[str, str, str] | None:
+        return hang_in(self.record_path.parent, function, device)
+
     def _write(self, record: dict[str, Any]) -> None:
         data = json.dumps(record).encode()
         os.ftruncate(self._record_fd, 0)
@@ -249,6 +256,33 @@ class FlightRecorder:
     def close(self) -> None:
         os.close(self._record_fd)
         self.stack_file.close()
+
+
+def _hang_path(directory: Path, function: str, device: str) -> Path:
+    digest = hashlib.sha256(f"{function}|{device}".encode()).hexdigest()[:24]
+    return directory / "hangs" / f"{digest}.json"
+
+
+def record_hang(directory: Path, function: str, device: str, contract: str, summary: str, case: str) -> None:
+    """Note in the run's flight folder (shared by every process of the run) that ``contract``
+    found ``function`` hanging on ``device``; the first note stays. The Function's other contracts
+    are then blocked by it instead of each waiting out the hang (one hang, one failure)."""
+    path = _hang_path(directory, function, device)
+    path.parent.mkdir(exist_ok=True)
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            json.dump({"contract": contract, "summary": summary, "case": case}, file)
+    except FileExistsError:
+        pass
+
+
+def hang_in(directory: Path, function: str, device: str) -> tuple[str, str, str] | None:
+    """(contract, summary, case) of the hang noted for ``function`` on ``device``, if any."""
+    try:
+        record = json.loads(_hang_path(directory, function, device).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(record.get("contract", "")), str(record.get("summary", "")), str(record.get("case", ""))
 
 
 @dataclass(frozen=True)
@@ -263,6 +297,11 @@ class Crash:
     rerun: str
     summary: str
     details: str
+    hung: bool = False  # ended by the hard deadline (a hang outside Python), not by a fatal signal
+
+    def record_if_hung(self, directory: Path) -> None:
+        if self.hung:
+            record_hang(directory, self.function, self.device, self.contract, self.summary, self.case)
 
 
 def describe_crash(directory: Path, name: str, *, exit_status: str = "") -> Crash | None:
@@ -289,6 +328,7 @@ def describe_crash(directory: Path, name: str, *, exit_status: str = "") -> Cras
     return Crash(
         nodeid=record["nodeid"], contract=record.get("contract", "?"), function=record.get("function", "?"),
         device=record.get("device", "?"), case=record.get("case", ""), rerun=record.get("rerun", ""), summary=summary, details=details,
+        hung=stack.startswith("Timeout ("),
     )
 
 

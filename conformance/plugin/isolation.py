@@ -140,6 +140,8 @@ class ForkIsolation:
 
     def _crash_report(self, item: pytest.Item, status: str) -> pytest.TestReport:
         crash = describe_crash(self.flight.record_path.parent, self.flight.record_path.stem, exit_status=status)
+        if crash is not None:
+            crash.record_if_hung(self.flight.record_path.parent)
         if crash is None or crash.nodeid != item.nodeid:
             text = f"the process running {item.nodeid} died ({status}) before the test started"
             properties: list[tuple[str, object]] = []
@@ -172,6 +174,7 @@ class XdistCrashReports:
         crash = describe_crash(self.flight_dir, str(getattr(worker, "id", "")), exit_status="the xdist worker crashed")
         if crash is None or crash.nodeid != crashitem:
             return
+        crash.record_if_hung(self.flight_dir)
         text = crash_text(crash)
         report.longrepr = text
         report.when = "call"

@@ -17,7 +17,7 @@ import platform
 import shlex
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionVal
 from conformance.engine.contract import ContractInfo, discover
 from conformance.engine.expectations import Expectations
 from conformance.engine.loader import ImplError, load_impls
+from conformance.engine.report import ContractFailure
 from conformance.engine.runner import Target
 from conformance.engine.verdict import Outcome, Verdict, tier_of
 from conformance.engine.watchdog import FlightRecorder
@@ -169,6 +170,18 @@ class ConformanceSession:
         deselect(config, items, self.options)
         if self.options.shard is not None:
             keep_shard(config, items, self.options.shard)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A contract failure reads as its report (message, case, repro, rerun), without frames of
+        the suite's internals; ``--tb=long`` (or any explicit --tb) brings them back."""
+        report: pytest.TestReport = yield
+        failure = call.excinfo.value if call.excinfo is not None else None
+        if report.failed and isinstance(failure, ContractFailure) and item.config.getoption("tbstyle", "auto") == "auto":
+            report.longrepr = str(failure)
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.is_worker:

@@ -1,0 +1,135 @@
+"""Decisive verdicts: defects fail, advice and upstream findings inform, and one crash is one
+failure (the owner fails, every other contract that meets it says "blocked by" the owner).
+
+tiers_correct.py holds correct Functions written the way third-party libraries write them; each
+passes every contract, with advice or an upstream finding where one is due. tiers_bugs.py holds
+one defect each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.engine.verdict import Outcome
+from tests.conftest import ZOO
+
+# Correct Function -> the (contract, tier) of the one finding it must get; every other test passes or is n/a.
+FINDINGS = {
+    "log_scan": ("compile", Outcome.ADVICE),
+    "pow2_pad_norm": ("compile", Outcome.ADVICE),
+    "classmethod_swish": ("compile", Outcome.ADVICE),
+    "inplace_affine": ("compile", Outcome.UPSTREAM),
+    "undeclared_softplus": ("gradgradcheck", Outcome.ADVICE),
+}
+
+
+@pytest.fixture
+def correct(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("tiers_correct")
+
+
+@pytest.fixture
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("tiers_bugs")
+
+
+def _recorded(run, name: str) -> dict[str, Outcome]:  # type: ignore[no-untyped-def]
+    return {c: v.recorded.outcome for (c, fn, _), v in run.verdicts.items() if fn == name}
+
+
+@pytest.mark.parametrize("name", sorted(FINDINGS))
+def test_correct_third_party_code_never_fails_and_gets_its_finding(correct, name: str) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(correct, name)
+    contract, tier = FINDINGS[name]
+    assert outcomes.pop(contract) is tier, (name, contract)
+    assert set(outcomes.values()) <= {Outcome.PASSED, Outcome.NOT_APPLICABLE}, (name, outcomes)
+    assert correct.verdict(contract, name).outcome == "passed"  # pytest: advice and upstream do not fail the run
+
+
+def test_compile_advice_names_the_cause(correct) -> None:  # type: ignore[no-untyped-def]
+    storm = correct.verdict("compile", "log_scan").recorded
+    assert "compiled 3 variants for 3 calls" in storm.reason and "performance advice" in storm.reason
+    assert "calls: torch.float64 on cpu; x: tensor(" in storm.message and "by design" in storm.message
+    graph_break = correct.verdict("compile", "pow2_pad_norm").recorded
+    assert "a graph break" in graph_break.reason and "numpy function unsupported" in graph_break.message
+    own = correct.verdict("compile", "classmethod_swish").recorded
+    assert "ClassmethodSwish.forward is a @classmethod" in own.message and "@staticmethod" in own.message
+
+
+def test_a_torch_bug_is_named_as_torchs_with_a_torch_only_repro(correct) -> None:  # type: ignore[no-untyped-def]
+    found = correct.verdict("compile", "inplace_affine").recorded
+    assert found.reason.startswith("torch's bug: backend='aot_eager' is wrong where eager and Dynamo's trace alone")
+    assert "Workaround:" in found.message and "mark_dirty" in found.message
+    script = found.message.split("this Function):\n", 1)[1].split("\n  case:", 1)[0]
+    assert "conformance" not in script.replace("conformance_zoo", "").split("spec_from_file_location", 1)[0]
+    assert "torch.compile(run, backend='aot_eager')" in script and found.repro.endswith(".py")
+
+
+def test_a_right_undeclared_double_backward_is_advice(correct) -> None:  # type: ignore[no-untyped-def]
+    advice = correct.verdict("gradgradcheck", "undeclared_softplus").recorded
+    assert "finds it right on this example, but the spec declares double_backward=False" in advice.reason
+    assert "@once_differentiable" in advice.message
+
+
+def test_a_silently_wrong_undeclared_double_backward_is_a_defect(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "silent_wrong_double_backward")
+    assert "silently WRONG, but the spec declares double_backward=False" in text
+    assert bugs.verdict("gradgradcheck", "silent_wrong_double_backward").recorded.finding == "defect"
+
+
+def test_advice_fails_only_under_the_option(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "tiers_correct.py", "--advice=fail", contracts=("gradgradcheck",))
+    text = run.failed("gradgradcheck", "undeclared_softplus")
+    assert "advice fails this run: --advice=fail" in text
+    recorded = run.verdict("gradgradcheck", "undeclared_softplus").recorded
+    assert recorded.outcome is Outcome.FAILED and recorded.finding == "advice"
+
+
+def test_a_forward_that_raises_on_1d_input_is_one_failure(bugs) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(bugs, "crash_on_1d")
+    assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["return_count"]
+    blocked = [c for c, o in outcomes.items() if o is Outcome.BLOCKED]
+    assert len(blocked) >= 15, outcomes
+    for contract in blocked:
+        recorded = bugs.verdict(contract, "crash_on_1d").recorded
+        assert recorded.owner == "return_count" and "forward raised IndexError" in recorded.reason
+    assert set(outcomes.values()) <= {Outcome.FAILED, Outcome.BLOCKED, Outcome.NOT_APPLICABLE}
+
+
+def test_a_crash_on_a_stride_0_grad_output_is_layouts_alone(bugs) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(bugs, "crash_on_expanded_grad")
+    assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["layouts"]
+    for contract in ("out_of_bounds", "unwritten_memory"):
+        recorded = bugs.verdict(contract, "crash_on_expanded_grad").recorded
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "layouts", recorded
+    bugs.passed("gradcheck", "crash_on_expanded_grad")
+    bugs.passed("reference", "crash_on_expanded_grad")
+
+
+def test_an_unreduced_gradient_with_wrong_values_also_fails_the_value_contracts(bugs) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(bugs, "unreduced_wrong_bias")
+    assert sorted(c for c, o in outcomes.items() if o is Outcome.FAILED) == ["grad_meta", "gradcheck", "reference"]
+    assert "analytical grad['b'] != numerical" in bugs.failed("gradcheck", "unreduced_wrong_bias")
+
+
+def test_every_failure_is_at_most_40_lines(bugs) -> None:  # type: ignore[no-untyped-def]
+    for (contract, name, _), verdict in bugs.verdicts.items():
+        if verdict.outcome == "failed":
+            assert len(verdict.text.splitlines()) <= 40, (contract, name, verdict.text)
+
+
+def test_the_json_report_gives_each_cell_its_tier(pytester, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    report = tmp_path / "tiers"
+    result = pytester.runpytest_inprocess(
+        str(ZOO.parent.parent / "conformance"), f"--impl={ZOO / 'tiers_correct.py'}", "--device=cpu",
+        "--contracts=gradgradcheck", "--max-examples=3", "-p", "no:cacheprovider", f"--conformance-report={report}",
+    )
+    assert result.ret == 0
+    data = json.loads((tmp_path / "tiers.json").read_text())
+    tiers = {entry["function"]: entry["tier"] for entry in data["results"] if entry["device"] == "cpu"}
+    assert tiers["undeclared_softplus"] == "advice" and tiers["log_scan"] is None
+    assert data["totals"]["advice"] == 1
+    text = result.stdout.str()
+    assert "ADVICE gradgradcheck[undeclared_softplus-cpu]: double backward runs" in text
+    assert "a advice" in text and "u upstream (torch)" in text  # the legend

@@ -77,10 +77,12 @@ def test_opcheck_names_the_failing_sub_check(bugs) -> None:  # type: ignore[no-u
 def test_compile_reports_wrong_values_graph_breaks_and_recompile_storms(bugs) -> None:  # type: ignore[no-untyped-def]
     wrong = bugs.failed("compile", "compile_only_bug")
     assert "(eager is within it)" in wrong and "backend='aot_eager'" in wrong and "grad['x']" in wrong
+    # Both break a promise their specs make (compile="fullgraph", compile="dynamic"): defects.
     graph_break = bugs.failed("compile", "compile_graph_break")
-    assert "but eager runs this case" in graph_break and "data pointer" in graph_break
+    assert "but the spec promises compile='fullgraph'" in graph_break and "data pointer" in graph_break
     storm = bugs.failed("compile", "compile_recompile_storm")
-    assert "compiled 3 variants for 3 calls" in storm and "TORCH_LOGS=recompiles" in storm
+    assert "compiled 3 variants for 3 calls" in storm and "the spec promises compile='dynamic'" in storm
+    assert "TORCH_LOGS=recompiles" in storm
 
 
 def test_forward_ad_func_and_autocast_messages_name_the_transform(bugs) -> None:  # type: ignore[no-untyped-def]

@@ -37,17 +37,17 @@ def _one(pattern: str, text: str) -> str:
 
 def _check_rerun_replays(first: subprocess.CompletedProcess[str], cwd: Path, tmp_path: Path, expect_in_rerun: str) -> None:
     assert first.returncode == 1, first.stdout[-4000:] + first.stderr[-2000:]
-    rerun = _one(r"^E\s+rerun: (.*)$", first.stdout)
+    rerun = _one(r"^(?:E)?\s+rerun: (.*)$", first.stdout)
     argv = shlex.split(rerun)
     assert expect_in_rerun in " ".join(argv), rerun
     for option in SHAPING:
         assert option in argv, f"{option} is missing from the rerun line {rerun!r}"
-    case = _one(r"^E\s+case: (.*)$", first.stdout)
+    case = _one(r"^(?:E)?\s+case: (.*)$", first.stdout)
     assert argv[:3] == ["python", "-m", "pytest"]
     again = _pytest(argv[3:], cwd, tmp_path, "rerun")
     assert again.returncode == 1, again.stdout[-4000:]
     assert "1 failed" in again.stdout, again.stdout[-2000:]
-    assert _one(r"^E\s+case: (.*)$", again.stdout) == case, "the rerun failed on another example"
+    assert _one(r"^(?:E)?\s+case: (.*)$", again.stdout) == case, "the rerun failed on another example"
 
 
 def _first_run_args(impl: Path) -> list[str]:

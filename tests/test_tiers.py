@@ -14,13 +14,15 @@ import pytest
 from conformance.engine.verdict import Outcome
 from tests.conftest import ZOO
 
-# Correct Function -> the (contract, tier) of the one finding it must get; every other test passes or is n/a.
-FINDINGS = {
-    "log_scan": ("compile", Outcome.ADVICE),
-    "pow2_pad_norm": ("compile", Outcome.ADVICE),
-    "classmethod_swish": ("compile", Outcome.ADVICE),
-    "inplace_affine": ("compile", Outcome.UPSTREAM),
-    "undeclared_softplus": ("gradgradcheck", Outcome.ADVICE),
+# Correct Function -> the findings it must get (contract -> tier); every other test passes or is n/a.
+FINDINGS: dict[str, dict[str, Outcome]] = {
+    "log_scan": {"compile": Outcome.ADVICE},
+    "pow2_pad_norm": {"compile": Outcome.ADVICE},
+    "classmethod_swish": {"compile": Outcome.ADVICE},
+    "inplace_affine": {"compile": Outcome.UPSTREAM},
+    "undeclared_softplus": {"gradgradcheck": Outcome.ADVICE},
+    "linear_recurrence": {"compile": Outcome.ADVICE},  # its by-product grad x is no unneeded work
+    "synthesis_bank": {},  # dlow and dhigh are halves of one transposed convolution
 }
 
 
@@ -41,10 +43,23 @@ def _recorded(run, name: str) -> dict[str, Outcome]:  # type: ignore[no-untyped-
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_correct_third_party_code_never_fails_and_gets_its_finding(correct, name: str) -> None:  # type: ignore[no-untyped-def]
     outcomes = _recorded(correct, name)
-    contract, tier = FINDINGS[name]
-    assert outcomes.pop(contract) is tier, (name, contract)
+    for contract, tier in FINDINGS[name].items():
+        assert outcomes.pop(contract) is tier, (name, contract)
+        assert correct.verdict(contract, name).outcome == "passed"  # pytest: advice and upstream do not fail the run
     assert set(outcomes.values()) <= {Outcome.PASSED, Outcome.NOT_APPLICABLE}, (name, outcomes)
-    assert correct.verdict(contract, name).outcome == "passed"  # pytest: advice and upstream do not fail the run
+
+
+@pytest.mark.parametrize("name", ["linear_recurrence", "synthesis_bank"])
+def test_by_product_gradients_are_not_unneeded_work(correct, name: str) -> None:  # type: ignore[no-untyped-def]
+    correct.passed("unneeded_grads", name)
+
+
+def test_real_extra_gradient_work_is_advice_naming_the_ops(bugs) -> None:  # type: ignore[no-untyped-def]
+    advice = bugs.verdict("unneeded_grads", "attention_unneeded_dk_dv").recorded
+    assert advice.outcome is Outcome.ADVICE, advice
+    assert "computed, but not needed: extra work aten." in advice.reason and "requires_grad: [" in advice.reason
+    bugs.passed("needs_input_grad", "attention_unneeded_dk_dv")
+    bugs.passed("gradcheck", "attention_unneeded_dk_dv")
 
 
 def test_compile_advice_names_the_cause(correct) -> None:  # type: ignore[no-untyped-def]

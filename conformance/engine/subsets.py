@@ -8,6 +8,7 @@ record), not on what the engine passes on.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +19,8 @@ from conformance.engine.defects import Blocked, Defect, require_sound
 from conformance.engine.evaluate import execute
 from conformance.engine.harness import Execution, fixed_rng, why_no_backward
 from conformance.engine.numerics import reordering_tolerance
-from conformance.engine.report import ContractFailure, describe_value, fail
+from conformance.engine.provenance import BackwardOps, extra_ops
+from conformance.engine.report import ContractFailure, advise, describe_value, fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
@@ -106,6 +108,34 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
         target.not_checked(why_no_backward(full))
 
 
+def _advise_on_unneeded(
+    target: Target, case: Case, needs: Sequence[bool], wasted: list[int], returned: str, requiring: list[str]
+) -> None:
+    """Gradients returned for inputs that need none: advice naming the ops only they needed; none
+    when they are by-products of the needed gradients (traced again with :class:`BackwardOps`)."""
+    traced = BackwardOps()
+    with fixed_rng(case.grad_seed, case.device), traced:
+        execution = execute(case, requires_grad=case.requires_grad, after_forward=lambda _: setattr(traced, "recording", True))
+    raw = (execution.recorder.last.raw or ()) if execution.recorder.calls else ()
+    tensors = [g if isinstance(g, torch.Tensor) else None for g in raw]
+    needed = [g for i, g in enumerate(tensors) if g is not None and i < len(needs) and needs[i]]
+    unneeded = [g for i, g in enumerate(tensors) if g is not None and i in wasted]
+    if not unneeded:
+        return
+    extra = extra_ops(traced, needed, unneeded)
+    if extra is None:
+        return  # by-products of the needed gradients (or views of them): no extra work
+    names = [case.recipes[i].name for i in wasted]
+    where = f"{target.spec.display_name}.backward, requires_grad: {requiring}"
+    advise(
+        f"{', '.join(f'grad[{n!r}]' for n in names)} computed, but not needed: extra work {extra.describe()} [{where}]",
+        f"ctx.needs_input_grad={tuple(needs)}: {', '.join(repr(n) for n in names)} need no gradient, but backward "
+        f"returned ({returned}). The engine silently discards it.",
+        f"Guard it with `if ctx.needs_input_grad[{wasted[0]}]:` and return None otherwise; or, when one fused kernel "
+        "computes every gradient at once, waive this contract in the spec: register(..., waivers={'unneeded_grads': 'why'}).",
+    )
+
+
 def _differentiable_text(target: Target) -> str:
     names = [i.name for i in target.spec.differentiable_inputs]
     if not names:
@@ -135,6 +165,7 @@ def _check_subset(
     returned = ", ".join(describe_value(v) for v in call.raw)
     requiring = sorted(case.requires_grad)
     unneeded = False  # efficiency: a differentiable input whose gradient this call did not need
+    wasted: list[int] = []  # positions of gradients returned although not needed
     for position, (recipe, grad) in enumerate(zip(case.recipes, call.raw)):
         if not isinstance(recipe, FloatingRecipe):
             continue  # gradients for non-tensor inputs are return_count's finding
@@ -143,14 +174,7 @@ def _check_subset(
         if efficiency:
             unneeded = unneeded or (not needed and recipe.name in declared)
             if not needed and grad is not None and recipe.name in declared:
-                fail(
-                    f"grad[{recipe.name!r}]={describe_value(grad)}, but should be None [{where}]",
-                    f"ctx.needs_input_grad={needs}: {recipe.name!r} (position {position}) needs no gradient, "
-                    f"but backward computed one ({returned}). The engine silently discards it: wasted work.",
-                    f"Guard it with `if ctx.needs_input_grad[{position}]:` and return None otherwise; or, when "
-                    "one fused kernel computes every gradient at once, waive this contract in the spec: "
-                    "register(..., waivers={'unneeded_grads': 'why'}).",
-                )
+                wasted.append(position)
             continue
         if not needed and grad is not None and recipe.name not in declared:
             fail(
@@ -169,6 +193,8 @@ def _check_subset(
                 "needs_input_grad is read at the wrong index.",
             )
     if efficiency:
+        if wasted:
+            _advise_on_unneeded(target, case, needs, wasted, returned, requiring)
         return unneeded
     for recipe, grad in zip(case.recipes, call.raw):
         want = expected.get(recipe.name)

@@ -33,7 +33,7 @@ class RowCenter(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         rows, n = x.shape[-2], x.shape[-1]  # BUG: IndexError on 1-D input
         ctx.n = n
-        return x - x.reshape(-1, rows, n).mean(-1, keepdim=True).reshape(x.shape[:-1] + (1,))
+        return x - x.reshape(-1, rows, n).mean(-1, keepdim=True).reshape((*x.shape[:-1], 1))
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
@@ -98,4 +98,33 @@ register(
     inputs=[Tensor("x", "*batch n")],
     reference=F.softplus,
     double_backward=False,
+)
+
+
+class AttentionAllGrads(torch.autograd.Function):
+    """y = softmax(q k^T) v; backward computes dq, dk and dv whatever needs them: dk and dv cost
+    two matrix products each that nobody uses when only q needs a gradient (advice, not a defect)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        ctx.save_for_backward(q, k, v, p)
+        return p @ v
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v, p = ctx.saved_tensors
+        dp = grad_out @ v.transpose(-1, -2)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq = ds @ k
+        dk = ds.transpose(-1, -2) @ q  # computed even when k needs no gradient
+        dv = p.transpose(-1, -2) @ grad_out  # computed even when v needs no gradient
+        return dq, dk, dv
+
+
+register(
+    AttentionAllGrads,
+    name="attention_unneeded_dk_dv",
+    inputs=[Tensor("q", "*batch m d"), Tensor("k", "*batch n d"), Tensor("v", "*batch n d")],
+    reference=lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v,
 )

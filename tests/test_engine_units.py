@@ -17,6 +17,7 @@ from conformance.engine.defects import BackwardError, Blocked, forward_defect, r
 from conformance.engine.harness import Execution
 from conformance.engine.memory import Unwritten
 from conformance.engine.probe import BackwardCall, Recorder
+from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure
 from conformance.engine.watchdog import (
     ExampleTimeout,
@@ -220,3 +221,27 @@ def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:
     finally:
         recorder.close()
     assert describe_crash(tmp_path, "gw1") is None  # another process: no record
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
+    g, x, w = (torch.rand(3, 4, dtype=torch.float64) for _ in range(3))
+    traced = BackwardOps(recording=True)
+    with traced:
+        dx = g * w
+        dw = g * x  # only the unneeded gradient needs it
+        scan = torch.cumsum(g, dim=-1)
+        da = scan * x  # built from scan: scan is a by-product of da
+        halves = torch.cat([dx, dw], dim=0)
+        half = halves[3:]  # a view of it
+        buffer = torch.empty_like(x)  # filled by a kernel the dispatcher cannot see
+    work = extra_ops(traced, [dx], [dw])
+    assert work is not None and work.ops == {"aten.mul.Tensor": 1} and work.describe() == "aten.mul.Tensor"
+    assert extra_ops(traced, [da], [scan]) is None
+    assert extra_ops(traced, [halves], [half]) is None  # a view of a needed gradient
+    assert extra_ops(traced, [dx], [half]) is not None  # ... but not of dx alone: cat and dw's mul are extra
+    opaque = extra_ops(traced, [dx], [buffer])
+    assert opaque is not None and opaque.opaque and "cannot see" in opaque.describe()
+    assert extra_ops(traced, [dx], [g]) is None  # grad_output passed through: no work at all

@@ -52,6 +52,8 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ({"mutates": ("z",)}, "mutates", "'z' is not the name of a Tensor input"),
         ({"mutates": "x"}, "mutates", "got the string 'x'"),
         ({"double_backward": "no"}, "double_backward", "must be True or False"),
+        ({"compile": "full"}, "compile", "'full' is not a torch.compile promise; choose from ('fullgraph', 'dynamic')"),
+        ({"compile": 3}, "compile", "must be one of ('fullgraph', 'dynamic') or a sequence of them, got 3"),
         ({"surrogate": 3}, "surrogate", "is not callable"),
         ({"name": "has space"}, "name", "must be a non-empty string"),
         ({"tolerances": {torch.float16: {"grad": 4}}}, "tolerances", "not one of the spec's dtypes"),

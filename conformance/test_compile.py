@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -103,8 +104,16 @@ class ExpectedRecompiles:
 
 
 def _bitwise_equal(a: Any, b: Any) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return a == b if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) else False
+    """Same values, compared by kind: tensors bitwise (NaN equal to NaN), numpy arrays likewise,
+    anything else by ``==``."""
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+        return False
+    if not isinstance(a, torch.Tensor):
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and bool(
+                np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+            )
+        return bool(a == b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     a, b = a.detach().cpu(), b.detach().cpu()

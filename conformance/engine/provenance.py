@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,18 +29,16 @@ class _Op:
     kind: str  # "compute", "alloc" (a new uninitialised or constant tensor) or "free" (a view, a copy)
 
 
-@dataclass
-class BackwardOps(TorchDispatchMode):
+class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's class is untyped
     """Records every aten op while ``recording`` (turned on between forward and backward) and,
     for each tensor, the op that last wrote it (in-place and out= writes included)."""
 
-    recording: bool = False
-    ops: list[_Op] = field(default_factory=list)
-    _writer: dict[int, int] = field(default_factory=dict)  # id(tensor) -> op index
-    _alive: list[torch.Tensor] = field(default_factory=list)  # keeps ids from being reused
-
-    def __post_init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, recording: bool = False) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.recording = recording
+        self.ops: list[_Op] = []
+        self._writer: dict[int, int] = {}  # id(tensor) -> op index
+        self._alive: list[torch.Tensor] = []  # keeps ids from being reused
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import execute, run_reference
+from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import Execution
 from conformance.engine.report import fail, mismatch_report
 from conformance.engine.runner import Target
@@ -55,19 +56,17 @@ def _exact_cuda_math() -> Iterator[None]:
         matmul.allow_fp16_reduced_precision_reduction,
         matmul.allow_bf16_reduced_precision_reduction,
     )
-    matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    matmul.allow_fp16_reduced_precision_reduction = False
-    matmul.allow_bf16_reduced_precision_reduction = False
+    owners = (
+        (matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (matmul, "allow_fp16_reduced_precision_reduction"),
+        (matmul, "allow_bf16_reduced_precision_reduction"),
+    )
+    set_backend_flags(*((owner, name, False) for owner, name in owners))
     try:
         yield
     finally:
-        (
-            matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            matmul.allow_fp16_reduced_precision_reduction,
-            matmul.allow_bf16_reduced_precision_reduction,
-        ) = saved
+        set_backend_flags(*((owner, name, value) for (owner, name), value in zip(owners, saved)))
 
 
 def _largest(tensor: torch.Tensor) -> float:

@@ -103,7 +103,7 @@ def test_the_catalogue_passes_global_state(pytester: pytest.Pytester) -> None:
 
 BUG_FILES = ("core_bugs.py", "numeric_bugs.py")  # numeric_bugs has Mask inputs (masks once used the default dtype)
 CONTRACTS = "--contracts=return_count,grad_meta,gradcheck,reference,stability"
-LEAKY_MODULES = ("grad_off_at_import.py", "float64_at_import.py")
+LEAKY_MODULES = ("grad_off_at_import.py", "float64_at_import.py", "frozen_flags_at_import.py")
 EVIDENCE = ("case: ", "Draw ", "Mismatched elements", "Greatest absolute difference", "numerical:", "analytical:")
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "restore",
     "rng_states",
     "seed_all",
+    "set_backend_flags",
     "set_rng_states",
     "snapshot",
 ]
@@ -86,9 +87,19 @@ def _set_default_device(device: Any) -> None:
     torch.set_default_device(None if torch.device(device) == torch.device("cpu") else device)
 
 
+def set_backend_flags(*settings: tuple[Any, str, Any]) -> None:
+    """Set torch.backends flags ``(owner, attribute, value)``, also after a module called
+    ``torch.backends.disable_global_flags()`` (torch's own testing helpers do at import): torch
+    then refuses direct assignment to cuDNN's flags, and its ``flags()`` context managers use this
+    same escape hatch."""
+    with getattr(torch.backends, "__allow_nonbracketed_mutation")():
+        for owner, attribute, value in settings:
+            setattr(owner, attribute, value)
+
+
 def _set_attribute(owner: Any, attribute: str) -> Callable[[Any], None]:
     def set_(value: Any) -> None:
-        setattr(owner, attribute, value)
+        set_backend_flags((owner, attribute, value))
 
     return set_
 

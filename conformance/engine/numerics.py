@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import torch
 
 from conformance.engine.evaluate import Evaluated, evaluate, evaluate_with_terms, fresh
+from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
 from conformance.engine.report import mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
@@ -80,13 +81,13 @@ def strict_float32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32,
         torch.get_float32_matmul_precision(),
     )
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    set_backend_flags((matmul, "allow_tf32", False), (cudnn, "allow_tf32", False))
     torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        set_backend_flags((matmul, "allow_tf32", saved[0]), (cudnn, "allow_tf32", saved[1]))
         torch.set_float32_matmul_precision(saved[2])
 
 

@@ -128,6 +128,13 @@ def test_an_unreduced_gradient_with_wrong_values_also_fails_the_value_contracts(
     assert "analytical grad['b'] != numerical" in bugs.failed("gradcheck", "unreduced_wrong_bias")
 
 
+def test_an_unreduced_gradient_with_right_values_fails_grad_meta_only(bugs) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(bugs, "unreduced_right_bias")
+    assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["grad_meta"], outcomes
+    for judge in ("gradcheck", "reference"):
+        bugs.passed(judge, "unreduced_right_bias")
+
+
 def test_every_failure_is_at_most_40_lines(bugs) -> None:  # type: ignore[no-untyped-def]
     for (contract, name, _), verdict in bugs.verdicts.items():
         if verdict.outcome == "failed":

@@ -10,6 +10,10 @@ it, every other contract that meets it "blocked by" that owner (issue "Decisive 
 * ``unreduced_wrong_bias`` (UnreducedWrongBias): y = x + b with b broadcast over rows; backward
   returns the unreduced gradient for b, and scaled by 2. grad_meta fails for the shape; the engine
   sums it, and gradcheck and reference see the wrong values.
+* ``unreduced_right_bias`` (UnreducedRightBias): the same unreduced gradient with right values:
+  grad_meta fails, and nothing else does (gradcheck and reference judge the repaired gradient).
+* ``attention_unneeded_dk_dv`` (AttentionAllGrads): dk and dv computed when only q needs a
+  gradient: advice from unneeded_grads naming the extra matrix products, not a failure.
 * ``silent_wrong_double_backward`` (SavedSigmoidSoftplus): softplus registered with
   ``double_backward=False`` whose backward multiplies by a sigmoid saved in forward, so double
   backward runs and silently gives a zero second derivative: gradgradcheck fails (a defect, not
@@ -127,4 +131,21 @@ register(
     name="attention_unneeded_dk_dv",
     inputs=[Tensor("q", "*batch m d"), Tensor("k", "*batch n d"), Tensor("v", "*batch n d")],
     reference=lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v,
+)
+
+
+class UnreducedRightBias(torch.autograd.Function):
+    """y = x + b, b of shape (n,) broadcast over the rows of x (m, n); grad b left unreduced."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return x + b
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad_out, grad_out  # BUG: (m, n) for b; the engine sums it to (n,), so the values are right
+
+
+register(
+    UnreducedRightBias, name="unreduced_right_bias", inputs=[Tensor("x", "m n"), Tensor("b", "n")], reference=lambda x, b: x + b,
 )

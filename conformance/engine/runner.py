@@ -471,7 +471,7 @@ class Target:
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
         return property_
 
-    def _crashed(self, crash: Crash) -> None:
+    def _crashed(self, crash: Crash, owner: str | None = None) -> None:
         """A forward or backward that raised: the failure of the contract that owns the crash
         (:func:`conformance.engine.evaluate.crash_owner`), a "blocked by" line for any other."""
         __tracebackhide__ = True
@@ -482,7 +482,8 @@ class Target:
             summary = crash.summary
         else:
             summary = f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.display_name}.forward]"
-        owner = crash_owner(crash.case, self.contract) if crash.case is not None else self.contract
+        if owner is None:
+            owner = crash_owner(crash.case, self.contract) if crash.case is not None else self.contract
         if owner != self.contract:
             raise Blocked(Defect(owner, summary), crash.case)
         fail(summary, f"{type(cause).__name__}: {cause}", _user_frames(cause), case=crash.case)
@@ -494,7 +495,10 @@ class Target:
         __tracebackhide__ = True
         case = self.context.case if self.context is not None else None
         kind = {"forward": ForwardError, "backward": BackwardError}.get(where.split(" of ", 1)[0])
-        if case is None or kind is None or crash_owner(case, self.contract) == self.contract:
+        if case is None or kind is None:
+            return
+        owner = crash_owner(case, self.contract)
+        if owner == self.contract:
             return
         crash = kind(f"{type(error).__name__}: {error}", case)
         if isinstance(crash, BackwardError):
@@ -502,7 +506,7 @@ class Target:
                 f"backward raised {type(error).__name__}, but should return gradients [{self.spec.display_name}.backward]"
             )
         crash.__cause__ = error
-        self._crashed(crash)
+        self._crashed(crash, owner)
 
     def _interpreter_limited(self, error: BaseException) -> bool:
         """Whether ``error`` is a Triton interpreter limit (bfloat16, a libdevice function without a

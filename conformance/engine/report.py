@@ -48,6 +48,7 @@ class ContractFailure(AssertionError):
         self.rerun = rerun
         self.repro_path = ""
         self.dtype: torch.dtype | None = None  # the failing example's dtype, when known
+        self.case_text = ""  # the failing example's case, described, when known
         super().__init__(head)
 
     def report_text(self, *, include_repro: bool = True) -> str:
@@ -163,6 +164,7 @@ def contract_failure(
         snippet=case.repro() if case is not None else "", rerun=context.rerun if context is not None else "",
     )
     failure.dtype = case.dtype if case is not None else None
+    failure.case_text = case.describe() if case is not None else ""
     return failure
 
 

@@ -360,8 +360,8 @@ class Target:
         run fails on that tier."""
         __tracebackhide__ = True
         verdict = Verdict(
-            outcome, found.summary, case=self._case_text(), repro=repro, rerun=self.rerun, message=str(found),
-            unmet_expectations=unmet,
+            outcome, found.summary, case=found.case_text or self._case_text(), repro=repro, rerun=self.rerun,
+            message=str(found), unmet_expectations=unmet,
         )
         if tier not in self.options.fail_on:
             self.conclude(verdict)

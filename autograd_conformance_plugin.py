@@ -171,7 +171,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--compile-backends", "list",
-        "comma-separated torch.compile backends the compile contract checks (fullgraph=True): aot_eager "
+        "comma-separated torch.compile backends the compile contract checks: aot_eager "
         "(AOTAutograd's graphs run eagerly, seconds per Function) and/or inductor (generated "
         "kernels: a C++ compiler on CPU, ~15 s for the first Function)",
         default=("aot_eager",), choices=COMPILE_BACKENDS, metavar="NAMES",

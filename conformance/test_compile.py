@@ -1,4 +1,4 @@
-"""Contract compile: under ``torch.compile(fullgraph=True)`` outputs and gradients equal eager's.
+"""Contract compile: under ``torch.compile`` outputs and gradients equal eager's.
 
 Each example draws several cases of one dtype with different sizes (dynamic shapes) and runs them
 through one compiled callable per backend of ``--compile-backends`` (``aot_eager`` by default;
@@ -7,14 +7,15 @@ grad_outputs. Results bitwise equal to eager's pass at once; otherwise the compi
 meet the reference policy against the float64 truth (the reference contract's rule), and when
 eager itself does not, the difference is the reference contract's finding, not this one's.
 
-Reported here: a graph break or anything else Dynamo cannot trace (``fullgraph=True`` turns a
-break into an error, with Dynamo's reason), an error only the compiled call raises, a value that
-is right in eager and wrong compiled (a backward that depends on Python-side state, a traceable
-fallback that differs from the eager kernel), and a recompile storm: a case that recompiles
-although it changes no size or value that had not changed before (the first change of a size
-makes Dynamo compile once more with that size dynamic; sizes 0 and 1 are specialised). A custom
-op whose fake kernel is wrong is opcheck's finding (blocked by opcheck here). Costly: one
-example per test unless ``--max-examples`` is given.
+Tiers (see the README): a graph break (``fullgraph=True`` is tried first; Dynamo's reason is
+given) and a recompile storm (a case that recompiles although an earlier dynamic graph should
+serve it; sizes 0 and 1 are specialised) are advice on correct code, unless the spec promises
+``compile="fullgraph"`` / ``compile="dynamic"``; correctness is then checked with graph breaks
+allowed. A value that is right in eager and wrong compiled, or an error only compiled code
+raises, is a defect -- or upstream (torch's bug) when Dynamo's trace alone (``backend="eager"``)
+agrees with eager and only AOTAutograd or Inductor differs. A custom op whose fake kernel is
+wrong is opcheck's finding (blocked by opcheck here). Costly: one example per test unless
+``--max-examples`` is given.
 """
 
 from __future__ import annotations

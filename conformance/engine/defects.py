@@ -36,6 +36,7 @@ __all__ = [
     "Defect",
     "ForwardError",
     "as_called",
+    "backward_raised",
     "forward_defect",
     "require_sound",
     "structural_defects",
@@ -86,6 +87,12 @@ class ForwardError(Crash):
     """The Function's forward raised."""
 
     phase = "forward"
+
+
+def backward_raised(error: BaseException, fn_name: str, *, by_engine: bool = False) -> str:
+    """The one-line summary of a backward that raised ``error``."""
+    where = "backward (raised by the autograd engine)" if by_engine else "backward"
+    return f"backward raised {type(error).__name__}, but should return gradients [{fn_name}.{where}]"
 
 
 class BackwardError(Crash):
@@ -303,8 +310,5 @@ def require_sound(contract: str, execution: Execution) -> None:
     limit = interpreter_limit(cause)
     if limit is not None:
         raise limit  # not the Function's defect: the runner counts the example as not checked here
-    summary = (
-        f"backward raised {type(cause).__name__}, but should return gradients "
-        f"[{execution.case.spec.display_name}.{'backward' if inside else 'backward (raised by the autograd engine)'}]"
-    )
+    summary = backward_raised(cause, execution.case.spec.display_name, by_engine=not inside)
     raise BackwardError(f"{type(cause).__name__}: {cause}", as_called(execution.case, execution.args), summary=summary) from cause

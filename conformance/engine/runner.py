@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
-from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError
+from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError, backward_raised
 from conformance.engine.evaluate import crash_owner
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
@@ -502,9 +502,7 @@ class Target:
             return
         crash = kind(f"{type(error).__name__}: {error}", case)
         if isinstance(crash, BackwardError):
-            crash.summary = (
-                f"backward raised {type(error).__name__}, but should return gradients [{self.spec.display_name}.backward]"
-            )
+            crash.summary = backward_raised(error, self.spec.display_name)
         crash.__cause__ = error
         self._crashed(crash, owner)
 

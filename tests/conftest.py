@@ -16,6 +16,13 @@ import torch
 from conformance.engine.verdict import Verdict as RecordedVerdict
 from tests.zoo_runs import ZOO_RUNS
 
+if not torch.cuda.is_available():
+    # As the plugin does: triton reads TRITON_INTERPRET when it is imported, not only when
+    # kernels are decorated, so choose the interpreter before anything imports triton (the warm-ups
+    # below import torch._inductor, which does: tl.sum and the rest of triton.language.standard
+    # would stay compiled-only, "Cannot call @triton.jit'd outside of the scope of a kernel").
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def _warm_term_bounds() -> None:
     """Same for what the term bounds (conformance/engine/terms.py) import lazily while following a
@@ -53,10 +60,6 @@ def _warm_compile() -> None:
 
 _warm_compile()
 
-if not torch.cuda.is_available():
-    # As the plugin does: triton reads TRITON_INTERPRET when it is imported, not only when
-    # kernels are decorated, so choose the interpreter before the import below.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
     # Same for triton (imported by reference_ops.triton): re-importing its C extension after
     # pytester dropped it fails (No module named 'triton._C.libtriton.linear_layout').

@@ -18,19 +18,28 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install 'autograd-conformance[triton]')")
 
 from conformance.engine.triton_interpreter import (  # noqa: E402
+    LIBDEVICE_FALLBACKS,
     InterpreterLimit,
+    _interpreted_call,
+    _numpy_fallbacks,
     install,
     interpreter_limit,
     pinned_config,
 )
+from conformance.engine.verdict import Outcome  # noqa: E402
 from tests.conftest import REPO, ZOO  # noqa: E402
+from tests.zoo_runs import TRITON_SCALAR_NORM_CONTRACTS  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not INTERPRETED, reason="checks the interpreter helper (CUDA present: kernels run natively)")
 
 
+import inspect  # noqa: E402
+
+import numpy as np  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra import libdevice  # noqa: E402
+from triton.runtime.interpreter import TensorHandle  # noqa: E402
 
 
 def _math_kernel():  # type: ignore[no-untyped-def]
@@ -124,3 +133,123 @@ def test_a_third_party_kernel_package_runs_unedited_on_cpu(tmp_path) -> None:  #
     # traces Triton kernels with fake tensors, which the interpreter cannot launch).
     not_run = {(r["contract"], r["function"]) for r in data["results"] if r["outcome"] == "not_run_here"}
     assert not_run == {("compile", name) for name in names}, not_run
+
+
+# ------------------------------------------------------------------ shape-preserving libdevice fallbacks
+
+TL_DTYPES = {np.float32: tl.float32, np.float64: tl.float64}
+
+
+def _scalar(value: float, dtype: type) -> tl.tensor:
+    """An interpreter scalar: a one-element array with a scalar type, as the interpreter holds them."""
+    return tl.tensor(TensorHandle(np.array([value], dtype=dtype), TL_DTYPES[dtype]), TL_DTYPES[dtype])
+
+
+def _block(values: np.ndarray) -> tl.tensor:
+    ty = TL_DTYPES[values.dtype.type]
+    return tl.tensor(TensorHandle(np.ascontiguousarray(values), ty), tl.block_type(ty, list(values.shape)))
+
+
+def _arity(name: str) -> int:
+    fn = _numpy_fallbacks()[name]
+    return getattr(fn, "nin", None) or len(inspect.signature(fn).parameters)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# fabs, rcp, powf, fmax and fmin have fallbacks, but triton 3.7.1's libdevice does not define them.
+@pytest.mark.parametrize("name", [name for name in LIBDEVICE_FALLBACKS if hasattr(libdevice, name)])
+def test_every_libdevice_fallback_keeps_a_scalar_a_scalar_and_a_block_its_shape(name: str, dtype: type) -> None:
+    assert install()
+    fn, n = getattr(libdevice, name), _arity(name)
+    scalar = fn(*[_scalar(0.75, dtype)] * n)
+    assert not scalar.type.is_block() and scalar.type == TL_DTYPES[dtype], scalar.type  # storable through a scalar pointer
+    assert scalar.handle.data.shape == (1,) and scalar.handle.data.dtype == dtype
+    block = fn(*[_block(np.full((2, 4), 0.75, dtype))] * n)
+    assert block.type.is_block() and list(block.type.shape) == [2, 4] and block.dtype == TL_DTYPES[dtype]
+    assert block.handle.data.shape == (2, 4) and block.handle.data.dtype == dtype
+    np.testing.assert_array_equal(block.handle.data, np.full((2, 4), scalar.handle.data[0]))  # same values either way
+    if n > 1:  # a scalar among blocks is splatted, as Triton broadcasts it
+        mixed = fn(_scalar(0.75, dtype), *[_block(np.full((2, 4), 0.75, dtype))] * (n - 1))
+        assert list(mixed.type.shape) == [2, 4]
+        np.testing.assert_array_equal(mixed.handle.data, block.handle.data)
+        with_number = fn(_scalar(0.75, dtype), *[0.75] * (n - 1))  # Python numbers stay scalars too
+        assert not with_number.type.is_block() and with_number.handle.data.shape == (1,)
+        np.testing.assert_array_equal(with_number.handle.data, scalar.handle.data)
+
+
+def test_libdevice_fallbacks_broadcast_blocks_as_triton_does() -> None:
+    assert install()
+    rows, cols = np.arange(1.0, 3.0).reshape(2, 1), np.arange(1.0, 5.0).reshape(1, 4)
+    out = libdevice.pow(_block(rows), _block(cols))
+    assert list(out.type.shape) == [2, 4] and out.handle.data.shape == (2, 4)
+    np.testing.assert_array_equal(out.handle.data, rows**cols)
+    lower_rank = libdevice.hypot(_block(np.arange(4.0)), _block(np.full((2, 4), 1.5)))  # [4] against [2, 4]
+    assert list(lower_rank.type.shape) == [2, 4]
+    np.testing.assert_array_equal(lower_rank.handle.data, np.hypot(np.arange(4.0), 1.5)[None, :].repeat(2, 0))
+    with pytest.raises(ValueError, match="incompatible dimensions at index 0: 2 and 4") as caught:
+        libdevice.hypot(_block(np.ones((2, 4))), _block(np.ones((4, 4))))  # the kernel's mistake, as when compiled
+    assert interpreter_limit(caught.value) is None
+    all_python = libdevice.rsqrt(4.0)  # typed as Triton types a Python float: fp32
+    assert all_python.type == tl.float32 and all_python.handle.data.tolist() == [0.5]
+
+
+def test_a_fallback_that_cannot_run_is_an_interpreter_limit_not_the_kernels_failure() -> None:
+    def unsupported(x: np.ndarray) -> np.ndarray:
+        raise TypeError("ufunc 'sqrt' not supported for the input types")
+
+    with pytest.raises(InterpreterLimit, match="the interpreter fallback for libdevice.sqrt cannot run on"):
+        _interpreted_call("sqrt", unsupported)(_scalar(2.0, np.float32))
+
+
+def test_a_kernel_stores_libdevice_results_on_scalars_through_a_scalar_pointer() -> None:
+    """The third-party norm pattern: per-row statistics from libdevice on a scalar, stored per row."""
+    assert install()
+
+    @triton.jit
+    def row_stats(x_ptr, rstd_ptr, inv_ptr, pow_ptr, y_ptr, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+        var = tl.sum(x * x, axis=0) / n
+        rstd = libdevice.rsqrt(var + eps)
+        tl.store(rstd_ptr + row, rstd)
+        tl.store(inv_ptr + row, 1.0 / tl.sqrt(var + eps))
+        tl.store(pow_ptr + row, libdevice.pow(var, 2.0))
+        tl.store(y_ptr + row * n + cols, libdevice.fma(x, rstd, 1.0), mask=cols < n)  # block, scalar, number
+
+    x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rstd, inv, power = torch.empty(3, dtype=torch.float64), torch.empty(3, dtype=torch.float64), torch.empty(3, dtype=torch.float64)
+    y = torch.empty_like(x)
+    row_stats[(3,)](x, rstd, inv, power, y, 5, 1e-6, BLOCK=8)
+    eps32 = float(torch.tensor(1e-6, dtype=torch.float32))  # a float argument arrives as fp32, as natively
+    var = x.pow(2).mean(-1)
+    torch.testing.assert_close(rstd, torch.rsqrt(var + eps32), rtol=1e-12, atol=0)
+    torch.testing.assert_close(inv, torch.rsqrt(var + eps32), rtol=1e-12, atol=0)
+    torch.testing.assert_close(power, var**2, rtol=1e-12, atol=0)
+    torch.testing.assert_close(y, x * torch.rsqrt(var + eps32)[:, None] + 1, rtol=1e-12, atol=0)
+
+
+SCALAR_NORMS = ("triton_scalar_rmsnorm", "triton_scalar_rmsnorm_", "triton_scalar_layer_norm")
+
+
+def test_third_party_norms_storing_a_libdevice_scalar_pass_and_their_twins_are_caught(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    run = zoo_run("triton_scalar_norms")
+    for name in SCALAR_NORMS:
+        for contract in TRITON_SCALAR_NORM_CONTRACTS:
+            if (contract, name) == ("unneeded_grads", "triton_scalar_rmsnorm_"):  # x: the only differentiable input
+                verdict = run.verdict(contract, name)
+                assert verdict.outcome == "skipped" and "is the only differentiable input" in verdict.text, verdict.text
+            else:
+                run.passed(contract, name)  # before issue 28: return_count failed, the rest blocked
+    failed = {(contract, name) for (contract, name, _), v in run.verdicts.items() if v.outcome == "failed"}
+    assert failed == {("inplace", "triton_scalar_rmsnorm_dx_into_dy")}, {k: v.text for k, v in run.verdicts.items()}
+    text = run.failed("inplace", "triton_scalar_rmsnorm_dx_into_dy")
+    assert "grad_output[0] was modified in place by backward" in text and "returned as grad['x']" in text, text
+    for contract in ("return_count", "reference", "gradcheck", "unneeded_grads"):
+        run.passed(contract, "triton_scalar_rmsnorm_dx_into_dy")  # gradcheck does not see the write
+    # Computing dX when only the weight needs it is wasted work, not a defect: advice.
+    advice = run.verdict("unneeded_grads", "triton_scalar_rmsnorm_always_dx").recorded
+    assert advice.outcome is Outcome.ADVICE, advice
+    assert "grad['x'] computed, but not needed" in advice.message and "requires_grad: ['weight']" in advice.message
+    for contract in ("return_count", "reference", "gradcheck", "inplace"):
+        run.passed(contract, "triton_scalar_rmsnorm_always_dx")

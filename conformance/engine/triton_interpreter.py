@@ -5,8 +5,9 @@ for GPUs trip over three of its gaps; :func:`install` closes them, process-wide:
 
 * ``triton.language.extra.libdevice`` functions are stubs returning ``None`` under the
   interpreter: the common float functions (``rsqrt``, ``tanh``, ``exp``, ``pow``, ``erf``, ...)
-  get numpy implementations. A kernel calling one without a fallback raises
-  :class:`InterpreterLimit` naming it, which the suite reports as "not run here".
+  get numpy implementations, shaped as Triton shapes them (a scalar in, a scalar out: a kernel
+  stores ``libdevice.rsqrt(var)`` through a scalar pointer). A kernel calling one without a
+  fallback raises :class:`InterpreterLimit` naming it, which the suite reports as "not run here".
 * ``@triton.autotune`` benchmarks its configs, which needs a GPU driver: under the interpreter
   an autotuned kernel runs its first config (or the one :func:`pinned_config` chooses; specs that
   declare ``register(..., autotune=kernel)`` check every config, one test id each).
@@ -137,29 +138,63 @@ LIBDEVICE_FALLBACKS: tuple[str, ...] = (
 
 
 def _interpreted_call(name: str, numpy_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A libdevice stand-in: numpy on the interpreter tensors' data, the result in the dtype of
-    the first tensor argument (Python scalars broadcast, as in the kernel)."""
+    """A libdevice stand-in: numpy on the interpreter tensors' data, shaped as Triton shapes an
+    elementwise call (a scalar if every argument is one, else the arguments' broadcast block), in
+    the dtype of the first tensor argument (Python numbers only: the dtype Triton gives the first)."""
     import numpy as np
     import triton.language as tl
-    from triton.runtime.interpreter import TensorHandle
+    from triton.runtime.interpreter import TensorHandle, interpreter_semantic
 
     def call(*args: Any, **kwargs: Any) -> Any:
         kwargs.pop("_semantic", None)
-        tensors = [a for a in args if isinstance(a, tl.core.tensor)]
-        if not tensors:
-            raise InterpreterLimit(f"libdevice.{name} called without a tensor argument under the Triton interpreter")
-        first = tensors[0]
-        dtype = first.handle.data.dtype
-        data = [a.handle.data if isinstance(a, tl.core.tensor) else np.asarray(a, dtype=dtype) for a in args]
-        with np.errstate(all="ignore"):
-            result = np.asarray(numpy_fn(*data)).astype(dtype, copy=False)
-        scalar = first.type.scalar
-        shape = tuple(result.shape)
-        ty = tl.block_type(scalar, list(shape)) if shape else scalar
-        return tl.core.tensor(TensorHandle(np.ascontiguousarray(result), scalar), ty)
+        if kwargs or not args:
+            raise TypeError(f"libdevice.{name}() takes positional arguments only, got {len(args)} and {sorted(kwargs)}")
+        values = [a.value if isinstance(a, tl.constexpr) else a for a in args]
+        tensors = [a for a in values if isinstance(a, tl.core.tensor)]
+        if any(not isinstance(a, (tl.core.tensor, int, float)) for a in values):
+            raise TypeError(f"libdevice.{name}() takes tensors and numbers, got {[type(a).__name__ for a in values]}")
+        first = tensors[0] if tensors else interpreter_semantic.to_tensor(values[0])  # all Python: as Triton types it
+        scalar, dtype = first.type.scalar, first.handle.data.dtype
+        blocks = [a.type.shape if isinstance(a, tl.core.tensor) and a.type.is_block() else () for a in values]
+        shape = _broadcast_block_shape(name, [tuple(b) for b in blocks])
+        # An interpreter scalar holds a one-element array: made 0-d, it broadcasts as a scalar.
+        # Python numbers take the result's dtype (exact in float64, whatever the kernel's intent).
+        data = [_block_or_scalar_data(a) if isinstance(a, tl.core.tensor) else np.asarray(a, dtype=dtype) for a in values]
+        try:
+            with np.errstate(all="ignore"):
+                result = np.broadcast_to(np.asarray(numpy_fn(*data)).astype(dtype, copy=False), shape)
+        except Exception as error:  # the fallback's gap, not the kernel's: the kernel is not run here
+            types = [str(getattr(a, "type", a)) for a in values]
+            raise InterpreterLimit(
+                f"the interpreter fallback for libdevice.{name} cannot run on {types} "
+                f"({type(error).__name__}: {error}); run on a GPU to check this kernel"
+            ) from error
+        if not shape:  # a scalar, held as the interpreter holds scalars
+            return tl.core.tensor(TensorHandle(np.array(result).reshape((1,)), scalar), scalar)
+        return tl.core.tensor(TensorHandle(np.ascontiguousarray(result), scalar), tl.block_type(scalar, list(shape)))
 
     call.__name__ = name
     return call
+
+
+def _block_or_scalar_data(value: Any) -> Any:
+    return value.handle.data if value.type.is_block() else value.handle.data.reshape(())
+
+
+def _broadcast_block_shape(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The block shape Triton broadcasts ``shapes`` to (``()``: all scalars); numpy's rules, with
+    Triton's error for incompatible blocks (the kernel's mistake: a compiled kernel fails too)."""
+    rank = max((len(s) for s in shapes), default=0)
+    result = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate((1,) * (rank - len(shape)) + shape):
+            if size != 1 and result[i] not in (1, size):
+                raise ValueError(
+                    f"libdevice.{name}: Cannot make_shape_compatible: incompatible dimensions at index {i}: "
+                    f"{result[i]} and {size}"
+                )
+            result[i] = size if size != 1 else result[i]
+    return tuple(result)
 
 
 def _unsupported(name: str) -> Callable[..., Any]:

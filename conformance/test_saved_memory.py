@@ -21,8 +21,8 @@ from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import execute
 from conformance.engine.harness import Execution, random_state
+from conformance.engine.held import on_ctx, reachable
 from conformance.engine.memory import SavedStorage, saved_storages
-from conformance.engine.probe import tensors_in
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 
@@ -34,9 +34,7 @@ NO_PROMISE = (
 
 def _kept(ctx: object) -> list[tuple[str, torch.Tensor]]:
     kept = [(f"save_for_backward[{i}]", t) for i, t in enumerate(ctx.saved_tensors)]  # type: ignore[attr-defined]
-    for name, value in vars(ctx).items():
-        if not name.startswith("_"):
-            kept.extend((f"ctx.{name}", t) for t in tensors_in(value))
+    kept.extend((path, t) for path, t in reachable(on_ctx(ctx)) if isinstance(t, torch.Tensor))
     return kept
 
 

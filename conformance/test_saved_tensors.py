@@ -3,7 +3,13 @@
 * No ctx attribute holds a tensor. ``ctx.x = x`` escapes what save_for_backward gives: the
   check that the tensor was not modified in place before backward (a silently wrong gradient),
   saved-tensor hooks (offloading, checkpointing), release after backward, and ``ctx.y = y`` on
-  an output forms a reference cycle through the graph. gradcheck sees none of this.
+  an output forms a reference cycle through the graph. gradcheck sees none of this. Searched at
+  any depth: in tuples, lists, dicts, sets, dataclasses, namedtuples and plain objects
+  (:mod:`conformance.engine.held`); the failure names the path (``ctx.cache[0][1][0]``).
+* No ctx attribute holds a view of an input's or output's memory that is not a tensor: a numpy
+  array from ``x.detach().numpy()``, a memoryview. Writes to the input after forward then change
+  the gradient, and no version counter sees them. A copy (``.numpy().copy()``, ``.cpu().numpy()``
+  of a CUDA tensor) and views of the Function's own intermediates are fine.
 * After backward without retain_graph, once the caller drops its outputs, the outputs and the
   graph node (ctx) are freed: a Function that keeps them alive (a module-level cache of
   outputs or contexts, a reference cycle the collector cannot break) leaks a whole graph per
@@ -23,7 +29,8 @@ from hypothesis import strategies as st
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import execute, forward, gradients
-from conformance.engine.harness import differentiable_positions
+from conformance.engine.harness import Execution, differentiable_positions
+from conformance.engine.held import Held, owner_of
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
@@ -62,6 +69,27 @@ def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list
     return refs, labels
 
 
+def _misheld(held: list[Held], execution: Execution) -> list[tuple[Held, str]]:
+    """What forward kept on ctx outside save_for_backward, each with whose memory it is: every
+    tensor (``""`` when it is the Function's own), and every buffer that views an input's or
+    output's storage. A buffer over the Function's own memory (a copy) is fine."""
+    owners = [
+        (f"input {recipe.name!r}", arg)
+        for recipe, arg in zip(execution.case.recipes, execution.passed)
+        if isinstance(arg, torch.Tensor)
+    ]
+    owners += [(f"output[{i}]", out) for i, out in enumerate(execution.outputs) if isinstance(out, torch.Tensor)]
+    found = []
+    for item in held:
+        owner = owner_of(item.span, owners)
+        if item.is_tensor or owner is not None:
+            found.append((item, owner or ""))
+    return found
+
+
+_VIEWS = {"numpy": "a numpy view", "memoryview": "a memoryview", "storage": "a storage"}
+
+
 def check_saved_tensors(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
     fn_name = target.spec.display_name
@@ -70,16 +98,29 @@ def check_saved_tensors(target: Target, data: st.DataObject) -> None:
     if not target.backward_ran(execution):
         return  # without a backward there is no ctx to inspect and no graph to free
     for call in execution.recorder.calls:
-        if call.ctx_tensor_attributes:
-            name, described = next(iter(call.ctx_tensor_attributes.items()))
-            others = sorted(set(call.ctx_tensor_attributes) - {name})
+        kept = _misheld(call.ctx_held, execution)
+        if kept:
+            (first, owner), others = kept[0], [held.path for held, _ in kept[1:]]
+            also = f"Also kept on ctx: {others}." if others else ""
+            if first.is_tensor:
+                fail(
+                    f"{first.path} holds a tensor ({first.description}), but should not [{fn_name}.forward]",
+                    f"It shares memory with {owner}." if owner else "",
+                    f"Use ctx.save_for_backward(...) in forward and ctx.saved_tensors in backward instead of "
+                    f"{first.path} = tensor. Tensors on ctx attributes bypass autograd's check for in-place "
+                    "modification before backward (silently wrong gradients), saved-tensor hooks, and release "
+                    "after backward, and an output kept on ctx forms a reference cycle through the graph.",
+                    also,
+                )
+            view = _VIEWS.get(first.kind, f"a {first.kind} view")
+            side = "input" if owner.startswith("input") else "output"
             fail(
-                f"ctx.{name} holds a tensor ({described}), but should not [{fn_name}.forward]",
-                f"Use ctx.save_for_backward(...) in forward and ctx.saved_tensors in backward instead of "
-                f"ctx.{name} = tensor. Tensors on ctx attributes bypass autograd's check for in-place "
-                "modification before backward (silently wrong gradients), saved-tensor hooks, and release "
-                "after backward, and an output kept on ctx forms a reference cycle through the graph.",
-                f"Other ctx attributes holding tensors: {others}." if others else "",
+                f"{first.path} holds {view} of {owner} memory ({first.description}), but should not [{fn_name}.forward]",
+                f"{view[0].upper()}{view[1:]} of {owner} memory: writes to the {side} change the gradient, and "
+                "autograd's check for in-place modification before backward cannot see them. Keep a copy "
+                "(x.detach().numpy().copy()), or save the tensor with ctx.save_for_backward(...) and convert it "
+                "in backward.",
+                also,
             )
     del execution
     refs, labels = _forward_backward_and_drop(case)

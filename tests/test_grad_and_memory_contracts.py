@@ -1,11 +1,23 @@
 """The behavioural contracts needs_input_grad, inplace, saved_tensors and undefined_grads catch the
 known-buggy Functions in tests/zoo/grad_and_memory_bugs.py with messages that say why, and pass the
-correct-but-unusual Functions in tests/zoo/unusual_correct_grads_and_memory.py and the bundled reference ops."""
+correct-but-unusual Functions in tests/zoo/unusual_correct_grads_and_memory.py and the bundled reference ops.
+saved_tensors searches ctx at any depth (tests/zoo/ctx_hygiene.py; unit tests of the search on fake
+ctx objects at the end)."""
 
 from __future__ import annotations
 
-import pytest
+import array
+import collections
+import dataclasses
+import importlib.util
+from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
+import pytest
+import torch
+
+from conformance.engine.held import Held, held_on, owner_of, reachable
 from conformance.engine.verdict import Outcome
 from tests.conftest import ZOO
 from tests.zoo_runs import CORE, MEMORY_BEHAVIOUR
@@ -126,6 +138,165 @@ def test_output_cache_leak_fails_saved_tensors(bugs) -> None:  # type: ignore[no
     text = bugs.failed("saved_tensors", "caches_outputs")
     assert "output[0]" in text and "is alive after backward" in text and "should be freed" in text
     assert "CachesOutputsBackward" in text  # the graph node leaks with it
+
+
+# ------------------------------------------------------------------ saved_tensors: ctx hygiene (any depth, views)
+
+CTX_CORRECT = ("keeps_numpy_copy", "keeps_nested_metadata", "saves_for_backward")
+CTX_BUGS = ("tensor_three_deep", "numpy_view_of_input")
+
+
+@pytest.fixture
+def ctx_zoo(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("ctx_hygiene")
+
+
+def test_tensor_three_levels_deep_fails_saved_tensors_naming_its_path(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
+    text = ctx_zoo.failed("saved_tensors", "tensor_three_deep")
+    assert "ctx.cache[0][1][0] holds a tensor ((" in text and "It shares memory with input 'x'." in text
+    ctx_zoo.passed("gradcheck", "tensor_three_deep")  # right gradients: only saved_tensors can tell
+    ctx_zoo.passed("reference", "tensor_three_deep")
+
+
+def test_numpy_view_of_input_fails_saved_tensors_saying_why(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
+    text = ctx_zoo.failed("saved_tensors", "numpy_view_of_input")
+    assert "ctx.x_np holds a numpy view of input 'x' memory" in text
+    assert "writes to the input change the gradient" in text and ".copy()" in text
+    ctx_zoo.passed("gradcheck", "numpy_view_of_input")
+    ctx_zoo.passed("reference", "numpy_view_of_input")
+
+
+def test_correct_ways_of_keeping_things_on_ctx_pass(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
+    assert ctx_zoo.names() == {*CTX_CORRECT, *CTX_BUGS}
+    for name in CTX_CORRECT:
+        for contract in ("saved_tensors", "gradcheck", "reference"):
+            ctx_zoo.passed(contract, name)
+
+
+def _ctx_zoo_module() -> Any:
+    spec = importlib.util.spec_from_file_location("ctx_hygiene_zoo", ZOO / "ctx_hygiene.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_the_buggy_twins_really_give_a_gradient_the_input_was_changed_under() -> None:
+    """The bugs are real: writing to the input between forward and backward changes their gradient
+    (300 instead of 3) without an error; the correct twins give 3 or refuse."""
+    zoo = _ctx_zoo_module()
+
+    def gradient_after_write(function: Any) -> float | None:
+        x = torch.tensor([1.5], dtype=torch.float64, requires_grad=True)
+        y = function.apply(x)
+        with torch.no_grad():
+            x.mul_(100)
+        try:
+            return float(torch.autograd.grad(y, x)[0])
+        except RuntimeError:  # autograd saw the write (save_for_backward)
+            return None
+
+    assert gradient_after_write(zoo.SquareKeepsNumpyView) == 300.0
+    assert gradient_after_write(zoo.SquareTensorThreeDeep) == 300.0
+    assert gradient_after_write(zoo.SquareKeepsNumpyCopy) == 3.0
+    assert gradient_after_write(zoo.SquareSavesForBackward) is None
+
+
+# The search itself, on fake ctx objects.
+
+Pair = collections.namedtuple("Pair", ["weight", "scale"])
+
+
+@dataclasses.dataclass(slots=True)
+class Slots:
+    tensor: Any
+
+
+class Plain:
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+
+def _paths(ctx: Any) -> list[str]:
+    return [held.path for held in held_on(ctx)]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 6])
+def test_search_finds_a_tensor_at_any_depth_of_tuples(depth: int) -> None:
+    value: Any = torch.ones(2)
+    for _ in range(depth):
+        value = (0.5, value)
+    assert _paths(SimpleNamespace(cache=value)) == ["ctx.cache" + "[1]" * depth]
+
+
+def test_search_names_the_path_through_every_kind_of_container() -> None:
+    t = torch.ones(2)
+    ctx = SimpleNamespace(
+        a=[{"k": (t,)}], b={t: "key"}, c={(t,)}, d=Pair(weight=t, scale=2.0),
+        e=Slots(t), f=Plain([None, t]),
+    )
+    assert _paths(ctx) == [
+        "ctx.a[0]['k'][0]", "list(ctx.b)[0]", "list(ctx.c)[0][0]", "ctx.d.weight", "ctx.e.tensor", "ctx.f._value[1]",
+    ]
+
+
+def test_search_ends_on_cycles_and_keeps_to_its_node_limit() -> None:
+    loop: list[Any] = [torch.ones(1)]
+    loop.append(loop)
+    node = Plain(None)
+    node._value = (node, torch.ones(1))
+    assert _paths(SimpleNamespace(loop=loop, node=node)) == ["ctx.loop[0]", "ctx.node._value[1]"]
+    ints = [*range(50), torch.ones(1)]
+    assert [path for path, _ in reachable([("ctx.ints", ints)])] == ["ctx.ints[50]"]
+    # The limit bounds the walk of each attribute, not of the others.
+    assert [path for path, _ in reachable([("ctx.ints", ints), ("ctx.t", torch.ones(1))], limit=20)] == ["ctx.t"]
+
+
+def test_search_skips_metadata_callables_modules_and_private_ctx_attributes() -> None:
+    t = torch.ones(2)
+    ctx = SimpleNamespace(
+        shape=t.shape, meta=((t.shape, (1.5, (2, "sum"))),), dtype=t.dtype, device=t.device, pair=Pair(1.0, 2.0),
+        scalar=np.float64(1.0), module=torch.nn.Linear(2, 2), fn=lambda: t, klass=Plain, _private=t,
+        objects=np.array([t], dtype=object),
+    )
+    assert held_on(ctx) == []
+
+
+class _Raises:
+    @property
+    def __dict__(self) -> Any:  # type: ignore[override]
+        raise RuntimeError("no attributes today")
+
+
+def test_search_survives_an_object_that_raises_and_goes_on() -> None:
+    assert _paths(SimpleNamespace(odd=_Raises(), t=torch.ones(1))) == ["ctx.t"]
+
+
+def test_a_numpy_view_or_memoryview_of_an_input_is_told_from_a_copy() -> None:
+    x = torch.arange(12.0).reshape(3, 4)
+    own = torch.ones(3)  # the Function's intermediate, not an input or output
+    ctx = SimpleNamespace(
+        view=x.detach().numpy(), row=x.numpy()[1, ::-2], mv=memoryview(x.numpy()), cpu=x.cpu().numpy(),
+        copy=x.detach().numpy().copy(), own=own.numpy(), listed=array.array("d", [1.0]), empty=x.numpy()[:0],
+        storage=x.untyped_storage(),
+    )
+    owners = [("input 'x'", x)]
+    found = {held.path: owner_of(held.span, owners) for held in held_on(ctx)}
+    assert found == {
+        "ctx.view": "input 'x'", "ctx.row": "input 'x'", "ctx.mv": "input 'x'", "ctx.cpu": "input 'x'",
+        "ctx.copy": None, "ctx.own": None, "ctx.listed": None, "ctx.empty": None, "ctx.storage": "input 'x'",
+    }
+    kinds = {held.path: held.kind for held in held_on(ctx)}
+    assert kinds["ctx.view"] == "numpy" and kinds["ctx.mv"] == "memoryview"
+
+
+def test_a_tensor_view_of_an_input_is_held_with_the_input_as_owner() -> None:
+    x, out = torch.arange(6.0), torch.zeros(2)
+    (held,) = held_on(SimpleNamespace(tail=x[3:].view(3, 1)))
+    assert held == Held("ctx.tail", "tensor", "(3, 1) torch.float32", held.span) and held.is_tensor
+    assert owner_of(held.span, [("output[0]", out), ("input 'x'", x)]) == "input 'x'"
+    assert owner_of(held.span, [("output[0]", out)]) is None
 
 
 # ------------------------------------------------------------------ undefined_grads

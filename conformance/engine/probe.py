@@ -4,24 +4,26 @@ The autograd engine repairs some mistakes before anyone sees them: it sums a gra
 shape is merely expandable to the input's, casts a wrong dtype, and drops gradients for inputs
 that need none. ``probe(fn)`` returns a subclass of ``fn`` whose backward calls the user's
 backward unchanged and records, per call, the raw return value, the grad_outputs it received
-(and copies taken before the call), ``ctx.needs_input_grad``, the saved tensors, and which ctx
-attributes hold tensors. Nothing is added to ``ctx``.
+(and copies taken before the call), ``ctx.needs_input_grad``, the saved tensors, and the tensors
+and tensor-memory views kept on ctx outside save_for_backward (:mod:`conformance.engine.held`).
+Nothing is added to ``ctx``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from conformance.engine.held import Held, held_on
 from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer
 from conformance.spec.targets import declares_jvp
 
-__all__ = ["BackwardCall", "Recorder", "guarded", "probe", "tensors_in", "user_backward_name"]
+__all__ = ["BackwardCall", "Recorder", "guarded", "probe", "user_backward_name"]
 
 
 @dataclass
@@ -34,7 +36,8 @@ class BackwardCall:
     saved_tensors: tuple[torch.Tensor, ...] = ()
     saved_before: tuple[torch.Tensor, ...] = ()
     saved_error: BaseException | None = None
-    ctx_tensor_attributes: dict[str, str] = field(default_factory=dict)
+    # Tensors and buffers on ctx attributes, at any depth (described, not kept), as backward began.
+    ctx_held: list[Held] = field(default_factory=list)
     raw: tuple[Any, ...] | None = None
     returned_tuple: bool = True
     error: BaseException | None = None
@@ -61,18 +64,6 @@ def user_backward_name(fn: type[torch.autograd.Function]) -> str:
     """``"vjp"`` when the user implemented vjp instead of backward, else ``"backward"``."""
     base = torch.autograd.Function
     return "vjp" if getattr(fn, "vjp", base.vjp) is not base.vjp else "backward"
-
-
-def tensors_in(value: Any, depth: int = 2) -> Iterable[torch.Tensor]:
-    """Tensors in ``value`` and in lists/tuples/dicts nested up to ``depth`` levels."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item, depth - 1)
-    elif depth > 0 and isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item, depth - 1)
 
 
 def _private(value: Any) -> Any:
@@ -173,11 +164,7 @@ def probe(
         flat = grad_outputs[0] if len(grad_outputs) == 1 and isinstance(grad_outputs[0], list) else grad_outputs
         call.grad_outputs_before = tuple(_clone(g) for g in flat)
         call.needs_input_grad = tuple(bool(n) for n in getattr(ctx, "needs_input_grad", ()))
-        call.ctx_tensor_attributes = {
-            name: ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors_in(value))
-            for name, value in vars(ctx).items()
-            if not name.startswith("_") and any(True for _ in tensors_in(value))
-        }
+        call.ctx_held = held_on(ctx)
         try:
             saved = tuple(ctx.saved_tensors)
         except RuntimeError as error:  # modified in place, or freed by an earlier backward

@@ -281,8 +281,10 @@ def check_compile(target: Target, data: st.DataObject) -> None:
     first = target.draw_case(data)
     drawn = [first]
     for index in range(1, CASES_PER_EXAMPLE):
-        # Later calls draw every dim at least index + 1 long: even the simplest example (all dims
-        # at their minimum) then sees new sizes, which dynamic shapes must absorb.
+        # Later calls draw every dim at least index + 1 long where its dim rules allow (min_size
+        # is the run's preference: a dim's max_size and its relations win, strategies.dims): even
+        # the simplest example (all dims at their minimum) then sees new sizes, which dynamic
+        # shapes must absorb.
         larger = target.case_options.replace(min_size=index + 1, max_size=max(target.case_options.max_size, index + 1))
         drawn.append(target.draw_case(data, larger, dtypes=(first.dtype,)))
     preflight(target.contract, first)  # a defect eager already shows is its owner's (blocked by it)

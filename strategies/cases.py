@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Spec
+from conformance.spec.dims import DimBounds, dim_bounds
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
@@ -174,13 +175,17 @@ def fit_to_budget(
     min_size: int = 1,
 ) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
     """Halve the largest dims until every input has at most ``max_elements`` elements, keeping
-    each dim legal under the spec's dim rules (multiples, bounds, ``at_most``).
+    each dim legal under the spec's dim rules (multiples, bounds, ``at_most``): a dim never goes
+    below its smallest legal size (which, for a dim another is at most, leaves that one a legal
+    size), and the dims bounded by a halved one are refitted under it.
 
     Deterministic, so shrinking the drawn sizes still shrinks the result.
     """
     sizes = dict(sizes)
     grown: dict[str, list[int]] = {k: list(v) for k, v in batches.items()}
     rules: dict[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
+    names = tuple(dict.fromkeys([*sizes, *rules, *(r.at_most for r in rules.values() if r.at_most is not None)]))
+    bounds = dim_bounds(names, rules, run_min=min_size)
     shaped = [i for i in spec.inputs if hasattr(i, "parsed")]
     for _ in range(200):
         numels = [(_numel(shape_of(i, sizes, grown)), i) for i in shaped]
@@ -192,8 +197,7 @@ def fit_to_budget(
         parsed = largest.parsed
         candidates: list[tuple[int, str, Any]] = []
         for name in dict.fromkeys(parsed.names):
-            rule = rules.get(name, DimRule())
-            if rule.fit((sizes[name] + 1) // 2, run_min=min_size) < sizes[name]:
+            if _halved(bounds[name], sizes, name, rules) < sizes[name]:
                 candidates.append((sizes[name], "dim", name))
         if parsed.batch:
             candidates += [(s, "batch", (parsed.batch, j)) for j, s in enumerate(grown[parsed.batch]) if s > 1]
@@ -201,13 +205,20 @@ def fit_to_budget(
             break  # only literal or minimal dims left: the spec itself is larger than the budget
         size, where, key = max(candidates, key=lambda c: c[0])
         if where == "dim":
-            sizes[key] = rules.get(key, DimRule()).fit((size + 1) // 2, run_min=min_size)
-            for name, rule in rules.items():  # dims bounded by the one just halved
-                if rule.at_most is not None:
-                    sizes[name] = rule.fit(sizes[name], run_min=min_size, limit=sizes[rule.at_most])
+            sizes[key] = _halved(bounds[key], sizes, key, rules)
+            for name, bound in bounds.items():  # dims bounded by the one just halved, in order
+                at_most = rules[name].at_most if name in rules else None
+                if name in sizes and at_most is not None and at_most in sizes:
+                    sizes[name] = bound.fit(sizes[name], limit=sizes[at_most])
         else:
             grown[key[0]][key[1]] = (size + 1) // 2
     return sizes, {k: tuple(v) for k, v in grown.items()}
+
+
+def _halved(bound: DimBounds, sizes: dict[str, int], name: str, rules: dict[str, DimRule]) -> int:
+    """Half of ``sizes[name]``, made legal (a multiple, within its bounds and its ``at_most`` dim)."""
+    at_most = rules[name].at_most if name in rules else None
+    return bound.fit((sizes[name] + 1) // 2, limit=sizes.get(at_most) if at_most is not None else None)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import array_shapes
 
-from conformance.spec.dims import DimRule, check_blocks, rule_order
+from conformance.spec.dims import DimRule, check_blocks, dim_bounds
 
 __all__ = ["BLOCK_SIZES", "DimRule", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
 
@@ -86,23 +86,23 @@ def _dim_sizes(
     rules: tuple[tuple[str, DimRule], ...],
 ) -> dict[str, int]:
     by_name = dict(rules)
+    bounds = dim_bounds(names, by_name, run_min=min_size)
     drawn: dict[str, int] = {}
-    for name in rule_order(names, by_name):
+    for name, bound in bounds.items():  # every dim after the dim bounding it (at_most)
         rule = by_name.get(name, DimRule())
-        low = rule.smallest(min_size)
-        high = max_size if rule.max_size is None else max(low, min(max_size, rule.max_size))
+        low = bound.start
+        high = max_size if bound.high is None else max(low, min(max_size, bound.high))
         own_blocks = blocks if rule.block_sizes is None else rule.block_sizes
-        if rule.max_size is not None:
-            own_blocks = tuple(b for b in own_blocks if b - 1 <= rule.max_size)
+        if bound.high is not None:
+            own_blocks = tuple(b for b in own_blocks if b - 1 <= bound.high)
         size = draw(_sizes(low, max(low, high), own_blocks), label=f"dim {name}")
         limit = drawn[rule.at_most] if rule.at_most is not None else None
-        size = rule.fit(size, run_min=min_size, limit=limit)
+        size = bound.fit(size, limit=limit)
+        top = bound.top(limit)
         if unique:
             # Deterministic bump (not a filter): keeps generation cheap and shrinking monotone.
-            while size in drawn.values() and (rule.max_size is None or size + rule.multiple_of <= rule.max_size) and (
-                limit is None or size + rule.multiple_of <= limit
-            ):
-                size += rule.multiple_of
+            while size in drawn.values() and (top is None or size + bound.multiple_of <= top):
+                size += bound.multiple_of
         drawn[name] = size
     return {name: drawn[name] for name in names}
 
@@ -126,6 +126,9 @@ def dim_sizes(
     ``n == d``); a colliding size is bumped up (by its multiple) until it is free, where its
     bounds allow.
     rules: per-dim :class:`DimRule` (multiples, hard bounds, own blocks, ``at_most`` another dim).
+    Every drawn assignment meets every rule: a dim another is at most is drawn at least that
+    one's smallest legal size (``f`` even and ``<= n``: ``n >= 2``); ``min_size`` gives way to a
+    rule's bounds; rules no assignment meets raise :class:`DimConflict` (an ``InvalidArgument``).
     Shrinks towards every dim at its smallest legal size.
     Example: ``dim_sizes(["n", "d"], rules={"d": DimRule(multiple_of=2)}).example() -> {'n': 3, 'd': 18}``.
     """
@@ -140,7 +143,7 @@ def dim_sizes(
     for name, rule in given.items():
         if not isinstance(rule, DimRule):
             raise InvalidArgument(f"rules[{name!r}]={rule!r} must be a DimRule")
-    rule_order(tuple(names), given)  # a bad at_most is an error now, not at draw time
+    dim_bounds(tuple(names), given, run_min=min_size)  # a bad at_most or a conflict is an error now, not at draw time
     return _dim_sizes(tuple(names), min_size, max_size, blocks, bool(unique), tuple(given.items()))
 
 

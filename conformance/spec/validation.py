@@ -32,7 +32,7 @@ from conformance.spec.checks import (
     is_real,
     is_strategy,
 )
-from conformance.spec.dims import Dim, DimRule, rule_order
+from conformance.spec.dims import Dim, DimConflict, DimRule, dim_bounds, rule_order
 from conformance.spec.inputs import (
     DOMAINS,
     INPUT_KINDS,
@@ -443,11 +443,31 @@ def compile_dim_rules(inputs: tuple[Any, ...], dims: Any, fail: Fail) -> dict[st
         rule = _rule_of(dim, multiples.get(name, 1), fail, where)
         if rule != DimRule():
             rules[name] = rule
-    try:
-        rule_order(tuple(sorted(used)), rules)
-    except Exception as error:
-        raise fail("dims", str(error)) from None
+    _check_relations(tuple(sorted(used)), rules, declared, multiples, fail)
     return rules
+
+
+def _check_relations(
+    names: tuple[str, ...], rules: dict[str, DimRule], declared: dict[str, Dim], multiples: dict[str, int], fail: Fail
+) -> None:
+    """Rules that hold one by one but not together (``Dim("f", multiple_of=2, max_size="n")``
+    with ``Dim("n", max_size=1)``) are an error naming every dim involved."""
+    try:
+        rule_order(names, rules)
+    except DimConflict as conflict:  # a cycle: no one dim is at fault
+        raise fail("dims", f"{_shown(conflict, declared, multiples)}: {conflict}") from None
+    try:
+        dim_bounds(names, rules, run_min=1)
+    except DimConflict as conflict:
+        where = next((f"dims[{list(declared).index(name)}]" for name in conflict.dims if name in declared), "dims")
+        raise fail(where, f"{_shown(conflict, declared, multiples)}: {conflict}") from None
+
+
+def _shown(conflict: DimConflict, declared: dict[str, Dim], multiples: dict[str, int]) -> str:
+    """The declarations of the dims in ``conflict``, as written (and the shapes' multiples)."""
+    shown = [repr(declared[name]) for name in conflict.dims if name in declared]
+    shown += [f"{name!r} a multiple of {multiples[name]} (shape)" for name in conflict.dims if multiples.get(name, 1) > 1]
+    return ", ".join(shown)
 
 
 def _declared_dims(dims: Any, used: set[str], fail: Fail) -> dict[str, Dim]:
@@ -476,7 +496,8 @@ def _rule_of(dim: Dim, multiple: int, fail: Fail, where: str) -> DimRule:
             at_most=at_most,
         )
     except Exception as error:  # bounds that leave no legal size (hypothesis' InvalidArgument)
-        raise fail(where, f"dim {dim.name!r}: {error}") from None
+        shape = f" (a multiple of {multiple} in a shape)" if multiple > 1 else ""
+        raise fail(where, f"{dim!r}{shape}: {error}") from None
 
 
 def check_dim(dim: Dim, used: set[str], fail: Fail, where: str) -> None:

@@ -205,7 +205,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--conformance-report", "str",
         "write PATH.json, PATH.md and PATH.html: the matrix of Functions x contracts with outcomes, "
-        "reasons and repro scripts (written to PATH.repro/)",
+        "reasons and repro scripts (written to PATH.repro/); a PATH ending in .json, .md or .html "
+        "names the same three files",
         metavar="PATH", example="--conformance-report=reports/conformance", unset="no report",
     ),
 )

@@ -17,6 +17,7 @@ setup_context (a torch limitation, measured on 2.13).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import preflight, user_call, user_evaluate, vjp_call, vmap_call
 from conformance.engine.harness import forward_args, random_state
 from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
@@ -93,23 +95,36 @@ def _check_vmap(target: Target, data: st.DataObject, case: Case, *, declared: bo
             f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
         )
     truths, baselines = _per_sample_truth(target, samples, args, in_dims)
-    values = []
     for position, got in enumerate(vmapped):
-        if not isinstance(got, torch.Tensor):
-            continue
-        want = [t.outputs[position] for t in truths]
-        base = [b.outputs[position] for b in baselines]
-        if got.dim() == 0 or got.shape[0] != BATCH:
+        if isinstance(got, torch.Tensor) and (got.dim() == 0 or got.shape[0] != BATCH):
             fail(f"vmapped output[{position}].shape={tuple(got.shape)}, but should have the batch of {BATCH} first [{where}]")
-        for index in range(BATCH):
+    verdict = judge_against_truth(spec, case.dtype, _judged_samples([[o[i] if isinstance(o, torch.Tensor) else o for o in vmapped] for i in range(BATCH)], truths, baselines, where))
+    if verdict is None:
+        target.checked()
+        return
+    # Only the vmap rule's fault when each sample alone, through the Function, is right.
+    alone = []
+    for index, one in enumerate(samples):
+        sample_args = [args[index][p] if in_dims[p] is not None else args[0][p] for p in range(len(in_dims))]
+        with random_state(spec, one):
+            alone.append(user_call(one, sample_args, grad=False))
+    if judge_against_truth(spec, case.dtype, _judged_samples(alone, truths, baselines, where)) is not None:
+        raise Blocked(Defect("reference", f"each sample alone, through {spec.display_name}, is outside the reference policy too: a forward defect, not the vmap rule's"), case)
+    fail(verdict.summary, verdict.details, "Each sample alone, through the Function, is the reference's; only the vmapped call differs.")
+
+
+def _judged_samples(found: Sequence[Sequence[Any]], truths: list[Any], baselines: list[Any], where: str) -> list[Judged]:
+    """Each sample's tensor outputs against its float64 truth and baseline."""
+    values = []
+    for index, outputs in enumerate(found):
+        for position, got in enumerate(outputs):
+            if not isinstance(got, torch.Tensor):
+                continue
             values.append(Judged(
-                f"output[{position}] of sample {index}", "output", got[index], want[index], base[index], where,
-                truths[index].output_terms.get(position),
+                f"output[{position}] of sample {index}", "output", got, truths[index].outputs[position],
+                baselines[index].outputs[position], where, truths[index].output_terms.get(position),
             ))
-    verdict = judge_against_truth(spec, case.dtype, values)
-    if verdict is not None:
-        fail(verdict.summary, verdict.details, "Each sample alone, through the Function, is the reference's; only the vmapped call differs.")
-    target.checked()
+    return values
 
 
 def _check_vjp(target: Target, case: Case) -> None:
@@ -140,8 +155,7 @@ def _check_vjp(target: Target, case: Case) -> None:
     if verdict is None:
         return
     if judge_against_truth(spec, case.dtype, judged_grads(eager.grads, truth, baseline, pristine, names, lambda _: where)) is not None:
-        target.not_checked("autograd's own gradients are outside the reference policy on this case: the reference contract's finding")
-        return
+        raise Blocked(Defect("reference", "torch.autograd.grad through the Function is outside the reference policy too: a backward defect, not torch.func's"), case)
     fail(verdict.summary.replace(" - reference|", " - reference| (torch.autograd.grad is within it)", 1), verdict.details)
 
 

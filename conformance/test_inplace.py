@@ -3,8 +3,10 @@
 * forward leaves every input bitwise unchanged (NaN-aware, -0.0 vs 0.0 counts) with the same
   ``_version`` -- unless the spec declares it in ``mutates``; a declared mutation must really
   happen and go through ``ctx.mark_dirty`` (apply then returns that very input object);
-* no output shares memory with an input (a view of an input is aliasing) unless it is a
-  declared, marked-dirty input;
+* no output shares memory with an input behind autograd's back: a declared, marked-dirty input
+  returned, or a plain view (``x[idx]``, ``x.view(...)``, as torch's own select and view ops
+  return) is legal -- autograd refuses an in-place write into such an output, or sees it through
+  the shared version counter; an alias made through ``.data`` or a raw pointer is not;
 * backward leaves grad_output, every saved tensor and every input unchanged, and returns no
   gradient that shares memory with an input (a write through ``.data`` is invisible to
   autograd's version counters, so values are compared, not only versions);
@@ -152,24 +154,15 @@ def _check_once(target: Target, case: Case) -> None:
                 f"forward and register(..., mutates=[{name!r}]).",
             )
 
-    # -- outputs must not alias inputs unless they are the declared, dirty input itself
-    for position, out in enumerate(outputs):
-        for name, arg in tensors:
-            if name in mutated and out is arg:
-                continue
-            if shares_memory(out, arg):
-                fail(
-                    f"output[{position}] shares memory with input {name!r}, but should not [{fn_name}.forward]",
-                    f"output[{position}]: {describe_value(out)}, input {name!r}: {describe_value(arg)}.",
-                    "A view of an input (x.view(...), x[...], x.t(), returning x itself) aliases it: writing to "
-                    "one changes the other behind autograd's back. Return a copy (x.clone()), or declare an "
-                    "in-place op with ctx.mark_dirty and mutates=[...].",
-                )
+    # -- outputs must not alias inputs behind autograd's back (judged last: see _check_views)
+    views = [(position, name, out, arg) for position, out in enumerate(outputs) for name, arg in tensors
+             if not (name in mutated and out is arg) and shares_memory(out, arg)]
 
     positions = differentiable_positions(outputs)
     wrt = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
     wrt_names = [n for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
     if not positions or not wrt:
+        _check_views(fn_name, views)
         return
     diff_outputs = [outputs[p] for p in positions]
     after_forward = {n: snapshot(a) for n, a in tensors}
@@ -218,6 +211,27 @@ def _check_once(target: Target, case: Case) -> None:
                 "Backpropagating the same graph twice must give the same gradients; the first call changed "
                 "something the second reads (a saved tensor or a buffer kept on ctx, written in place).",
                 str(error),
+            )
+    _check_views(fn_name, views)
+
+
+def _check_views(fn_name: str, views: list[tuple[int, str, torch.Tensor, torch.Tensor]]) -> None:
+    """An output that shares memory with an input must be a view autograd tracks (``x[idx]``,
+    ``x.view(...)``, as torch's own select and view ops return): it shares the input's version
+    counter, so an in-place write into it is refused or seen by every graph that saved the input.
+    Run last: bumping the counter invalidates the input for backward."""
+    for position, name, out, arg in views:
+        version = arg._version
+        torch.autograd.graph.increment_version(out)
+        if arg._version == version:
+            fail(
+                f"output[{position}] shares memory with input {name!r} behind autograd's back, but should not "
+                f"[{fn_name}.forward]",
+                f"output[{position}]: {describe_value(out)}, input {name!r}: {describe_value(arg)}.",
+                "The output aliases the input without sharing its version counter (made through .data, "
+                "a raw pointer or storage tricks), so writing to one silently changes the other. Return "
+                "a copy (x.clone()), a plain view (x[...], x.view(...): autograd tracks those), or declare "
+                "an in-place op with ctx.mark_dirty and mutates=[...].",
             )
 
 

@@ -7,12 +7,14 @@ backward are most often reported:
   at most 1e100 in float64), the others ordinary; every mask kind (incl. fully masked rows);
 * ``degenerate``: the same case with every tensor's last-dim rows constant (ties, zero
   variance) and every mask fully masking a row;
-* ``single``: every named dim of size 1 (seqlen 1, single-element reductions; batch dims are
-  still drawn), extreme magnitudes.
+* ``single``: every named dim of size 1, or the smallest its dim rules allow (``f`` even and
+  ``<= n``: ``n = f = 2``) (seqlen 1, single-element reductions; batch dims are still drawn),
+  extreme magnitudes.
 
 The truth is the spec's reference (surrogate for gradients of surrogate specs) in float64 on the
 CPU, evaluated on the very input values the implementation got (built in the tested dtype and
-upcast). Where the truth is finite and representable in the tested dtype, outputs and gradients
+upcast), rebuilt pristine from the case: a Function that overwrites its inputs or grad_outputs is
+not judged against its own clobbered values. Where the truth is finite and representable in the tested dtype, outputs and gradients
 must be finite; where it is NaN or +-inf, they must be the same. A truth the dtype cannot hold
 (float16 300**2) is not checked: a correct op may overflow there; nor is a position where the
 reference itself, run in the tested dtype, is not finite (plain PyTorch overflows there too). Ops undefined on part of the
@@ -66,9 +68,11 @@ def check_case(target: Target, case: Case, family: str) -> bool:
         impl = execute(case)
     require_sound(target.contract, impl)
     names = [recipe.name for recipe in case.recipes]
-    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs))
+    # The truth comes from pristine inputs and grad_outputs, rebuilt from the case: a Function that
+    # writes into them (inplace's finding) must not be judged against its own clobbered values.
+    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
     # The baseline: where plain PyTorch (the reference in this dtype) overflows too, the dtype is at fault.
-    truth, baseline = reference_truth_and_baseline(spec, case, impl.args, names, grad_outputs)
+    truth, baseline = reference_truth_and_baseline(spec, case, case.args(), names, grad_outputs)
     context = f"{dtype_name}, {family} inputs ({scales})"
     compared = 0
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):

@@ -41,6 +41,7 @@ class Linear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         y = upcast(x) @ upcast(weight).T
         if bias is not None:
             y = y + upcast(bias)
@@ -56,7 +57,7 @@ class Linear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = (_flat(g).T @ _flat(upcast(x))).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = _flat(g).sum(0).to(grad_output.dtype)
+            grad_bias = _flat(g).sum(0).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias
 
 
@@ -93,6 +94,7 @@ class LinearReLU(torch.autograd.Function):
         z = upcast(x) @ upcast(weight).T + upcast(bias)
         mask = z > 0
         ctx.save_for_backward(x, weight, mask)
+        ctx.bias_dtype = bias.dtype
         # where, not z * mask: an overflowed z = -inf times 0 would be nan where relu gives 0.
         return torch.where(mask, z, torch.zeros_like(z)).to(x.dtype)
 
@@ -106,7 +108,7 @@ class LinearReLU(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = (_flat(grad_z).T @ _flat(upcast(x))).to(weight.dtype)
         if ctx.needs_input_grad[2]:
-            grad_bias = _flat(grad_z).sum(0).to(grad_output.dtype)
+            grad_bias = _flat(grad_z).sum(0).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias
 
 
@@ -220,11 +222,15 @@ class Conv1d(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight = ctx.saved_tensors
+        # Under autocast forward ran in bfloat16/float16 while x and weight may be float32:
+        # backward computes in their common dtype and returns each gradient in its input's.
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        g = grad_output.to(dtype)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.nn.grad.conv1d_input(x.shape, weight, grad_output, padding=ctx.padding)
+            grad_x = torch.nn.grad.conv1d_input(x.shape, weight.to(dtype), g, padding=ctx.padding).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            grad_weight = torch.nn.grad.conv1d_weight(x, weight.shape, grad_output, padding=ctx.padding)
+            grad_weight = torch.nn.grad.conv1d_weight(x.to(dtype), weight.shape, g, padding=ctx.padding).to(weight.dtype)
         return grad_x, grad_weight, None
 
 

@@ -46,6 +46,7 @@ class LayerNorm(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
+        ctx.bias_dtype = bias.dtype
         centered, rstd = _layer_norm_stats(upcast(x), eps)
         return (centered * rstd * upcast(weight) + upcast(bias)).to(x.dtype)
 
@@ -65,7 +66,7 @@ class LayerNorm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = _batch_sum(g * xhat).to(weight.dtype)
         if ctx.needs_input_grad[2]:
-            grad_bias = _batch_sum(g).to(weight.dtype)
+            grad_bias = _batch_sum(g).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None
 
 

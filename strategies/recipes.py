@@ -258,8 +258,9 @@ def derived_from_seed(
 
     The function computes on the CPU (any floating dtype; float64 recommended) from
     ``ctx.generator`` (seeded with ``seed``), ``ctx.sizes`` and ``ctx.inputs``; the same seed
-    gives the same values for every dtype. Raises ``InvalidArgument`` naming the input when it
-    returns something other than a floating tensor of ``shape``.
+    gives the same values for every dtype. An integer or bool result keeps its dtype (indices with a
+    precondition, such as a permutation). Raises ``InvalidArgument`` naming the input when it
+    returns something other than a real tensor of ``shape``.
     """
     generator = torch.Generator(device="cpu").manual_seed(int(seed))
     upcast = {
@@ -269,12 +270,16 @@ def derived_from_seed(
     }
     context = DerivedContext(shape=tuple(int(s) for s in shape), sizes=dict(sizes), generator=generator, inputs=upcast)
     value = fn(context)
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        raise InvalidArgument(f"Derived input {name!r}: {_name_of(fn)} returned {type(value).__name__}, not a floating tensor")
+    if not isinstance(value, torch.Tensor) or value.is_complex():
+        raise InvalidArgument(
+            f"Derived input {name!r}: {_name_of(fn)} returned {type(value).__name__}, not a floating, integer or bool tensor"
+        )
     if tuple(value.shape) != context.shape:
         raise InvalidArgument(
             f"Derived input {name!r}: {_name_of(fn)} returned shape {tuple(value.shape)}, but should be {context.shape} (ctx.shape)"
         )
+    if not value.is_floating_point():
+        return value.detach().to(device)  # indices with a precondition (a permutation): kept exact
     return value.detach().to(device="cpu", dtype=torch.float64).to(dtype).to(device)
 
 

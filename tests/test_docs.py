@@ -100,7 +100,7 @@ def test_vendor_block(tmp_path: Path) -> None:
     project = _sandbox(tmp_path)
     done = _bash(DOC.named("run", "vendor", REPO).text, project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "17 passed" in done.stdout and (project / "autograd_conformance_plugin.py").is_file()
+    assert "18 passed" in done.stdout and (project / "autograd_conformance_plugin.py").is_file()
 
 
 def test_github_actions_cpu_and_shard_recipes(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_quickstart_claims(tmp_path: Path) -> None:
     command = DOC.named("run", "quickstart", REPO).text.strip().splitlines()[-1]
     assert command == "pytest --pyargs conformance --impl=my_ops.py"
     good = _bash(command, project)
-    assert good.returncode == 0 and "ok: 17 passed, 6 n/a, 23 not run here" in good.stdout, good.stdout[-3000:]
+    assert good.returncode == 0 and "ok: 18 passed, 5 n/a, 23 not run here" in good.stdout, good.stdout[-3000:]
 
     source = (project / "my_ops.py").read_text()
     broken = source.replace(".sum(0).to(weight.dtype)", ".sum(0)")

@@ -33,7 +33,6 @@ MAY_SKIP = ("undefined_grads", "devices", "unneeded_grads")
 # op, none declares autocast; compile is checked natively only (Dynamo launches kernels on fakes).
 NOT_THEIRS = {
     "opcheck": ("not_applicable", "is an autograd.Function"),
-    "autocast": ("not_applicable", "is not decorated with torch.amp.custom_fwd"),
     "compile": ("not_run_here", "Dynamo traces Triton kernels with fake tensors"),
 }
 BUG_CONTRACTS = TRITON_BUG_CONTRACTS
@@ -111,6 +110,10 @@ def test_triton_reference_ops_pass_every_contract(device: str, tmp_path, seed: i
         if cell["contract"] in NOT_THEIRS and (cell["contract"] != "compile" or device == "cpu"):
             outcome, reason = NOT_THEIRS[cell["contract"]]
             assert cell["outcome"] == outcome and reason in cell["reason"], where
+            continue
+        if cell["contract"] == "autocast" and device == "cpu":
+            # bfloat16 under the interpreter is not run here; float32 examples under autocast pass
+            assert cell["outcome"] in ("passed", "not_run_here"), where
             continue
         assert cell["outcome"] == "passed", where  # forward_ad (no jvp: must raise) and func (vmap must raise) too
     assert seen == set(TRITON_REFERENCE), done.stdout[-3000:]

@@ -25,8 +25,8 @@ SINGLE_OUTPUT = "has a single output"
 CPU_ID = "devices compares cpu against cuda"
 
 
-# Decided from the target before any example: opcheck checks custom ops, autocast custom_fwd Functions.
-NOT_A_CUSTOM_OP_OR_AUTOCAST = {"opcheck": ("n/a", "is an autograd.Function"), "autocast": ("n/a", "not decorated with torch.amp.custom_fwd")}
+# Decided from the target before any example: opcheck checks custom ops.
+NOT_A_CUSTOM_OP = {"opcheck": ("n/a", "is an autograd.Function")}
 
 
 def _broken_forward(kind: str) -> dict[str, tuple[str, str]]:
@@ -34,20 +34,20 @@ def _broken_forward(kind: str) -> dict[str, tuple[str, str]]:
     blocked = ("blocked", f"blocked by return_count: forward returned {kind}")
     verdicts = {c: owner if c == "return_count" else ("n/a", CPU_ID) if c == "devices" else blocked for c in CONTRACTS}
     verdicts["saved_memory"] = ("n/a", NO_SAVES_PROMISE)  # decided from the spec, before any example
-    verdicts.update(NOT_A_CUSTOM_OP_OR_AUTOCAST)
+    verdicts.update(NOT_A_CUSTOM_OP)
     return verdicts
 
 
 def _no_differentiable_input(*checked: str, why: dict[str, str]) -> dict[str, tuple[str, str]]:
     verdicts = {c: ("passed", "") for c in checked}
-    verdicts.update({c: ("n/a", NO_DIFFERENTIABLE_INPUT) for c in BACKWARD})
+    verdicts.update({c: ("n/a", NO_DIFFERENTIABLE_INPUT) for c in (*BACKWARD, "autocast")})
     verdicts["unneeded_grads"] = ("n/a", "so no gradient can be unneeded")
     verdicts["undefined_grads"] = ("n/a", SINGLE_OUTPUT)
     verdicts["devices"] = ("n/a", CPU_ID)
     verdicts["saved_memory"] = ("n/a", NO_SAVES_PROMISE)
     verdicts["unwritten_memory"] = ("n/a", NOTHING_ALLOCATED)
     verdicts["out_of_bounds"] = ("passed", "")  # forward's inputs sat between canaries
-    verdicts.update(NOT_A_CUSTOM_OP_OR_AUTOCAST)
+    verdicts.update(NOT_A_CUSTOM_OP)
     verdicts["forward_ad"] = ("n/a", "no direction to differentiate along")
     verdicts["compile"] = ("passed", "")  # compiled outputs against eager's
     verdicts["func"] = ("passed", "")  # no vmap rule declared: vmap must (and does) refuse
@@ -63,7 +63,7 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "undefined_grads": ("n/a", SINGLE_OUTPUT),
         "devices": ("n/a", CPU_ID),
         "saved_memory": ("n/a", NO_SAVES_PROMISE),
-        **NOT_A_CUSTOM_OP_OR_AUTOCAST,
+        **NOT_A_CUSTOM_OP,
     },
     "forward_returns_list": _broken_forward("a list [Tensor("),
     "forward_returns_dict": _broken_forward("a dict {'y': Tensor("),

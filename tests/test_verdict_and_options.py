@@ -339,3 +339,10 @@ def test_contract_names_are_checked_against_the_suite(tmp_path: Path) -> None:
     check_contract_names(_parse(tmp_path, contracts="gradcheck"), ["grad_meta", "gradcheck"])
     with pytest.raises(pytest.UsageError, match=r"^--skip-contracts: unknown contracts \['gradchek'\]; choose from grad_meta, gradcheck"):
         check_contract_names(_parse(tmp_path, skip_contracts="gradchek"), ["gradcheck", "grad_meta"])
+
+
+@pytest.mark.parametrize("given", ["run", "run.json", "run.md", "run.html"])
+def test_a_report_path_with_a_report_suffix_names_the_same_three_files(tmp_path: Path, given: str) -> None:
+    options = _parse(tmp_path, report=f"out/{given}")
+    assert options.report is not None and options.report.name == "run"  # never run.json.json
+    assert options.repro_dir() == options.report.with_name("run.repro")

@@ -11,6 +11,8 @@ DERIVATIVE_BEHAVIOUR = ("gradgradcheck", "layouts", "determinism", "devices")
 MEMORY_BEHAVIOUR = ("needs_input_grad", "unneeded_grads", "inplace", "saved_tensors", "undefined_grads")
 NUMERIC = ("reference", "stability")
 TRITON_BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
+# return_count: the forward runs under the interpreter; inplace and unneeded_grads: the twins.
+TRITON_SCALAR_NORM_CONTRACTS = ("return_count", "reference", "gradcheck", "inplace", "unneeded_grads")
 
 
 @dataclass(frozen=True)
@@ -24,11 +26,21 @@ class ZooRun:
 ZOO_RUNS = {
     "beyond_eager_bugs": ZooRun("beyond_eager_bugs.py", (), 10),
     "core_bugs": ZooRun("core_bugs.py", CORE),
+    "ctx_hygiene": ZooRun("ctx_hygiene.py", ("saved_tensors", "gradcheck", "reference"), 3),
     "derivative_layout_determinism_bugs": ZooRun(
         "derivative_layout_determinism_bugs.py",
         (*DERIVATIVE_BEHAVIOUR, "gradcheck"),
         10,
     ),
+    # complex_gate: f even and f <= n (issue 28); the contracts whose sizes differ: compile grows
+    # them, stability's "single" family shrinks every dim to its smallest legal size.
+    "dim_relations": ZooRun("dim_relations.py", (*CORE, "reference", "stability", "compile", "needs_input_grad"), 5),
+    # issue 28: every contract on the correct code; the twins' owners (and the ones they block)
+    "everyones_code_bugs": ZooRun(
+        "everyones_code_bugs.py", ("stability", "inplace", "layouts", "compile", "forward_ad", "func", "reference", "autocast"),
+        10,  # the float16 overflow that stability must meet is drawn at 10 examples on seed 0, not 5
+    ),
+    "everyones_code_correct": ZooRun("everyones_code_correct.py"),
     "grad_and_memory_bugs": ZooRun("grad_and_memory_bugs.py", (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
     "global_state_bugs": ZooRun("global_state_bugs.py", (), 4),
     "gradcheck_bugs": ZooRun("gradcheck_bugs.py", ("gradcheck",), 3),
@@ -41,5 +53,6 @@ ZOO_RUNS = {
     "tiers_correct": ZooRun("tiers_correct.py"),
     "transposed_grad_output_bugs": ZooRun("transposed_grad_output_bugs.py", ("inplace", "reference"), 3),
     "triton_bugs": ZooRun("triton_bugs.py", TRITON_BUG_CONTRACTS, 4, ("--device=cpu",)),
+    "triton_scalar_norms": ZooRun("triton_scalar_norms.py", TRITON_SCALAR_NORM_CONTRACTS, 4, ("--device=cpu",)),
     "vacuous": ZooRun("vacuous.py", (), 5),
 }

@@ -508,18 +508,24 @@ def forward_mode(
 
 
 def reference_jvp(case: Case, args: Sequence[Any], tangents: Mapping[int, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
-    """``torch.func.jvp`` of the spec's reference at ``args`` along ``tangents`` (the caller sets
-    the RNG state)."""
+    """``torch.func.jvp`` at ``args`` along ``tangents`` of the spec's surrogate when it declares
+    one (its derivatives are the declared ones), else of its reference (the caller sets the RNG
+    state); per output, None where it is no floating tensor: an integer index has no tangent, as
+    ``torch.sort``'s own has none."""
+    func = case.spec.surrogate or case.spec.reference
     positions = sorted(tangents)
+    floating: list[bool] = []
 
     def of_differentiable(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
         for position, value in zip(positions, values):
             full[position] = value
-        return tuple(o for o in as_tuple(case.spec.reference(*full)) if isinstance(o, torch.Tensor))
+        outputs = as_tuple(func(*full))
+        floating[:] = [isinstance(o, torch.Tensor) and o.is_floating_point() for o in outputs]
+        return tuple(o for o, kept in zip(outputs, floating) if kept)
 
-    found = torch.func.jvp(of_differentiable, tuple(args[p] for p in positions), tuple(tangents[p] for p in positions))[1]
-    return tuple(found)
+    found = iter(torch.func.jvp(of_differentiable, tuple(args[p] for p in positions), tuple(tangents[p] for p in positions))[1])
+    return tuple(next(found) if kept else None for kept in floating)
 
 
 def vmap_call(case: Case, in_dims: Sequence[int | None], batched: Sequence[Any]) -> tuple[Any, ...]:

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from conformance.engine.evaluate import Evaluated, evaluate, evaluate_with_terms, fresh
+from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, fresh
 from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
 from conformance.engine.report import mismatch_report
@@ -138,15 +138,21 @@ def evaluate_spec(
     grad_outputs: Mapping[int, torch.Tensor],
     *,
     terms: bool = False,
+    autocast: Autocast | None = None,
 ) -> Evaluated:
     """The spec's reference outputs, and gradients from its surrogate when it declares one
-    (else from the reference), on fresh leaf copies of ``args``; with ``terms``, also each
-    result's term bound (for the truth, in float64)."""
-    run = evaluate_with_terms if terms else evaluate
-    first = run(spec.reference, [fresh(a) for a in args], names, grad_outputs)
+    (else from the reference), on fresh leaf copies of ``args``, forward inside ``autocast``
+    when given; with ``terms``, also each result's term bound (for the truth, in float64)."""
+
+    def run(func: Callable[..., Any], values: list[Any]) -> Evaluated:
+        if terms:
+            return evaluate_with_terms(func, values, names, grad_outputs)
+        return evaluate(func, values, names, grad_outputs, autocast=autocast)
+
+    first = run(spec.reference, [fresh(a) for a in args])
     if spec.surrogate is None:
         return first
-    second = run(spec.surrogate, [fresh(a) for a in args], names, grad_outputs)
+    second = run(spec.surrogate, [fresh(a) for a in args])
     return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
 
 
@@ -505,3 +511,28 @@ def layout_tolerance(expected: torch.Tensor, scale: float, noise: float = 0.0) -
     steps = REORDERING.get(expected.dtype, OTHER_DTYPES).steps
     atol = steps * max(finfo.eps * max(scale, largest_magnitude([expected])), noise) + finfo.tiny
     return steps * finfo.eps, atol
+
+
+def tie_dim(got: torch.Tensor, want: torch.Tensor, values: Sequence[Any]) -> int | None:
+    """The dim along which two different integer index outputs pick equal values from one of
+    ``values`` (ties: ``argsort``, ``topk``, ``max`` may break them in any order), else None.
+
+    ``got`` indexes a tensor ``x`` along dim d when it has ``x``'s shape except along d and
+    every entry is a valid index there; then ``x.gather(d, got) == x.gather(d, want)``
+    everywhere is a tie order, not a different answer."""
+    if got.shape != want.shape or got.dtype != want.dtype or got.is_floating_point() or got.dtype == torch.bool:
+        return None
+    a, b = got.detach().cpu().long(), want.detach().cpu().long()
+    for x in values:
+        if not isinstance(x, torch.Tensor) or x.ndim != a.ndim or x.ndim == 0:
+            continue
+        x = x.detach().cpu()
+        for dim in range(x.ndim):
+            if any(n != m for k, (n, m) in enumerate(zip(a.shape, x.shape)) if k != dim):
+                continue
+            size = x.shape[dim]
+            if bool(((a < 0) | (a >= size) | (b < 0) | (b >= size)).any()):
+                continue
+            if torch.equal(x.gather(dim, a), x.gather(dim, b)):
+                return dim
+    return None

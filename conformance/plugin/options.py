@@ -22,7 +22,7 @@ from autograd_conformance_plugin import OPTIONS, PROFILES, OptionValue
 from conformance.engine import runner
 from conformance.plugin.devices import cuda_findings, cuda_usable
 
-__all__ = ["RunOptions", "parse_options", "parse_shard"]
+__all__ = ["RunOptions", "parse_options", "parse_shard", "report_base"]
 
 _DEFAULTS: Mapping[str, OptionValue] = {option.name: option.default for option in OPTIONS}
 
@@ -120,7 +120,7 @@ def parse_options(values: Mapping[str, OptionValue], *, run_dir: Path) -> RunOpt
         threads=threads,
         compile_backends=_names(merged, "compile_backends"),
         isolate=bool(merged["isolate"]),
-        report=None if report is None else run_dir / _text(merged, "report"),
+        report=None if report is None else run_dir / report_base(_text(merged, "report")),
         shard=None if merged["shard"] is None else parse_shard(_text(merged, "shard")),
         advice=_text(merged, "advice"),
         upstream=_text(merged, "upstream"),
@@ -186,6 +186,18 @@ def _timeout(values: Mapping[str, OptionValue]) -> float | None:
     return seconds or None
 
 
+REPORT_SUFFIXES = (".json", ".md", ".html")
+
+
+def report_base(raw: str) -> str:
+    """The PATH of PATH.json/.md/.html: ``run.json`` names the same three files as ``run``
+    (run.json, run.md, run.html -- never run.json.json)."""
+    for suffix in REPORT_SUFFIXES:
+        if raw.endswith(suffix) and len(raw) > len(suffix) and not raw.endswith("/" + suffix):
+            return raw[: -len(suffix)]
+    return raw
+
+
 def _check_report_path(raw: str, base: Path) -> None:
     """--conformance-report's folder is created and must be writable before the run, not after it."""
     problem = None
@@ -195,7 +207,7 @@ def _check_report_path(raw: str, base: Path) -> None:
             pass
     except OSError as error:
         problem = f"cannot write into {str(base.parent)!r} ({type(error).__name__}: {error})"
-    for suffix in (".json", ".md", ".html"):
+    for suffix in REPORT_SUFFIXES:
         if problem is None and Path(f"{base}{suffix}").is_dir():
             problem = f"{str(base) + suffix!r} is a directory"
     if problem is None and Path(f"{base}.repro").exists() and not Path(f"{base}.repro").is_dir():

@@ -189,7 +189,9 @@ class Derived(Shaped):
     ``fn`` gets a :class:`strategies.recipes.DerivedContext` (``ctx.shape``: this input's drawn
     shape, after broadcasting; ``ctx.sizes``; ``ctx.generator``: a CPU generator seeded for this
     call; ``ctx.inputs``: the earlier inputs as CPU float64) and returns a floating tensor of
-    ``ctx.shape``, best computed in float64: the suite casts it. ``seed_from="cos"`` reuses an
+    ``ctx.shape``, best computed in float64: the suite casts it -- or an integer or bool tensor,
+    kept as it is: indices with a precondition (``torch.randperm(n, generator=ctx.generator)``,
+    a permutation, where :class:`Index` would draw repeats). ``seed_from="cos"`` reuses an
     earlier Derived input's seed (so ``sin`` sees the same positions as ``cos``) and, when both
     declare the same shape, its drawn (broadcast) shape.
     ``requires_grad=True`` makes it a differentiable input; ``broadcast`` as for :class:`Tensor`.

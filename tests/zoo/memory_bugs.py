@@ -78,13 +78,17 @@ def _attention_backward(
 ) -> tuple[torch.Tensor | None, ...]:
     scale = 1.0 / math.sqrt(q.shape[-1])
     need_q, need_k, need_v = ctx.needs_input_grad
+    # Under autocast forward's products are bfloat16 while q, k, v may be float32: one dtype here.
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v, grad_out, out, probs = (t.to(dtype) for t in (q, k, v, grad_out, out, probs))
     grad_v = probs.transpose(-1, -2) @ grad_out if need_v else None
     grad_probs = grad_out @ v.transpose(-1, -2)
     delta = (grad_out * out).sum(-1, keepdim=True)
     grad_scores = probs * (grad_probs - delta)
-    grad_q = grad_scores @ k * scale if need_q else None
-    grad_k = grad_scores.transpose(-1, -2) @ q * scale if need_k else None
-    return grad_q, grad_k, grad_v
+    grad_q = (grad_scores @ k * scale).to(dtypes[0]) if need_q else None
+    grad_k = (grad_scores.transpose(-1, -2) @ q * scale).to(dtypes[1]) if need_k else None
+    return grad_q, grad_k, grad_v.to(dtypes[2]) if grad_v is not None else None
 
 
 class AttentionLse(torch.autograd.Function):
@@ -102,7 +106,8 @@ class AttentionLse(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        probs = torch.exp(_scores(q, k) - lse.unsqueeze(-1))
+        dtype = torch.promote_types(q.dtype, k.dtype)  # q may be bfloat16 under autocast
+        probs = torch.exp(_scores(q.to(dtype), k.to(dtype)) - lse.unsqueeze(-1).to(dtype))
         return _attention_backward(ctx, q, k, v, out, probs, grad_out)
 
 

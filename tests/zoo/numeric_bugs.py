@@ -145,6 +145,7 @@ class LayerNorm(torch.autograd.Function):
         xhat = (xf - mean) * rstd
         ctx.save_for_backward(x, weight, mean, var)
         ctx.eps = eps
+        ctx.bias_dtype = bias.dtype
         return (xhat * _upcast(weight) + _upcast(bias)).to(x.dtype)
 
     @classmethod
@@ -159,7 +160,7 @@ class LayerNorm(torch.autograd.Function):
         reduce_dims = tuple(range(x.ndim - 1))
         grad_w = (g * xhat).sum(reduce_dims) if reduce_dims else g * xhat
         grad_b = g.sum(reduce_dims) if reduce_dims else g
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), grad_b.to(weight.dtype), None
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), grad_b.to(ctx.bias_dtype), None
 
 
 class LayerNormNoEpsBackward(LayerNorm):
@@ -222,6 +223,7 @@ class MaskedAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, p = ctx.saved_tensors
         qf, kf, vf, g = _upcast(q), _upcast(k), _upcast(v), _upcast(grad_output)
+        p = p.to(g.dtype)  # bfloat16 when forward ran under autocast
         dp = g @ vf.transpose(-1, -2)
         ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
         return (ds @ kf).to(q.dtype), (ds.transpose(-1, -2) @ qf).to(k.dtype), (p.transpose(-1, -2) @ g).to(v.dtype), None

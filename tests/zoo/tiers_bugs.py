@@ -120,12 +120,15 @@ class AttentionAllGrads(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v, p = ctx.saved_tensors
+        dtypes = (q.dtype, k.dtype, v.dtype)  # under autocast forward's products are bfloat16
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        q, k, v, grad_out, p = (t.to(dtype) for t in (q, k, v, grad_out, p))
         dp = grad_out @ v.transpose(-1, -2)
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))
         dq = ds @ k
         dk = ds.transpose(-1, -2) @ q  # computed even when k needs no gradient
         dv = p.transpose(-1, -2) @ grad_out  # computed even when v needs no gradient
-        return dq, dk, dv
+        return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 
 
 register(

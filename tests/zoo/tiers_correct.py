@@ -207,7 +207,7 @@ class SynthesisBank(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (filters,) = ctx.saved_tensors
-        both = F.conv_transpose1d(grad_out, filters, padding=1)
+        both = F.conv_transpose1d(grad_out.to(filters.dtype), filters, padding=1)  # bfloat16 under autocast
         channels = both.shape[1] // 2
         return both[:, :channels], both[:, channels:]
 

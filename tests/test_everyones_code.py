@@ -1,0 +1,83 @@
+"""Right on everyone's code (issue 28): correct Functions written third-party style that the suite
+once failed for the wrong reason pass every contract, and each buggy twin is failed by the
+contract that owns its defect, the others blocked by it or passing."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.engine.verdict import Outcome
+
+# Correct Function -> the advice it gets (contract set); every other test passes or is n/a.
+CORRECT: dict[str, set[str]] = {
+    "inplace_square": {"compile"},  # mark_dirty: a graph break, advice
+    "narrow_rows": {"compile"},  # a view of the input as the output
+    "sort_rows": set(),  # tie order differs by layout
+    "row_norms_numpy": {"compile"},  # a numpy output
+    "straight_through_sign": {"gradgradcheck"},  # a surrogate jvp
+    "sort_values_jvp": {"gradgradcheck"},  # no tangent for the indices
+    "linear_no_custom_fwd": {"unneeded_grads"},  # under autocast without custom_fwd
+    "permute_columns": set(),  # an integer Derived input (a permutation)
+    "scale_optional_bias": set(),  # an optional tensor passed as None
+}
+
+# Twin -> (the contract that fails it, what its message says).
+TWINS: dict[str, tuple[str, str]] = {
+    "inplace_square_sign_bits": ("stability", "but should be finite"),
+    "narrow_rows_data": ("inplace", "behind autograd's back"),
+    "sort_rows_contiguous": ("layouts", "with non-contiguous layouts != outputs[0] with contiguous layouts"),
+    "row_norms_numpy_compiled": ("compile", "compiled max|output[0] - reference|"),
+    "straight_through_sign_jvp": ("forward_ad", "tangent[0]"),
+    "sort_values_unpermuted_jvp": ("forward_ad", "jvp"),
+    "vmap_wrong_forward": ("reference", "output[0] != reference"),
+    "linear_mixed_backward": ("autocast", "backward raised RuntimeError after a forward under autocast"),
+    "permute_columns_uninverted": ("reference", "grad['x'] != reference"),
+}
+
+
+@pytest.fixture
+def correct(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("everyones_code_correct")
+
+
+@pytest.fixture
+def bugs(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("everyones_code_bugs")
+
+
+def _recorded(run, name: str) -> dict[str, Outcome]:  # type: ignore[no-untyped-def]
+    return {c: v.recorded.outcome for (c, fn, _), v in run.verdicts.items() if fn == name}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_correct_code_the_suite_once_failed_passes_every_contract(correct, name: str) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(correct, name)
+    assert len(outcomes) >= 20, outcomes
+    advice = {c for c, o in outcomes.items() if o is Outcome.ADVICE}
+    assert advice <= CORRECT[name], (name, advice)
+    assert set(outcomes.values()) <= {Outcome.PASSED, Outcome.NOT_APPLICABLE, Outcome.ADVICE}, (name, outcomes)
+
+
+@pytest.mark.parametrize("name", ["inplace_square", "narrow_rows", "sort_rows", "straight_through_sign", "sort_values_jvp", "linear_no_custom_fwd"])
+def test_the_contract_that_once_failed_it_now_checks_it(correct, name: str) -> None:  # type: ignore[no-untyped-def]
+    contract = {
+        "inplace_square": "stability", "narrow_rows": "inplace", "sort_rows": "layouts",
+        "straight_through_sign": "forward_ad", "sort_values_jvp": "forward_ad", "linear_no_custom_fwd": "autocast",
+    }[name]
+    correct.passed(contract, name)  # passed, not n/a: the contract ran its checks
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_each_twin_fails_its_owner_alone(bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    owner, says = TWINS[name]
+    assert says in bugs.failed(owner, name)
+    outcomes = _recorded(bugs, name)
+    failed = sorted(c for c, o in outcomes.items() if o is Outcome.FAILED)
+    # a wrong forward is also a wrong Jacobian for gradcheck's finite differences (not run here)
+    assert failed == [owner], (name, outcomes)
+
+
+def test_a_forward_bug_blocks_func_and_autocast_instead_of_blaming_them(bugs) -> None:  # type: ignore[no-untyped-def]
+    for contract in ("func", "autocast"):
+        recorded = bugs.verdict(contract, "vmap_wrong_forward").recorded
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", (contract, recorded)

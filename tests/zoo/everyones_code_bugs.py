@@ -1,0 +1,222 @@
+"""The buggy twins of everyones_code_correct.py: the same Functions with one defect each, written
+the way hurried third-party code gets it wrong, each caught by the contract that owns it.
+
+* ``inplace_square_sign_bits`` (class 3, stability): keeps only x's sign bits and recovers |x| as
+  sqrt(out), so where the float16 square overflowed, grad = 2 g inf although the true 2 g x is
+  finite.
+* ``narrow_rows_data`` (class 4, inplace): returns ``x.data[1:]``, a view autograd does not track:
+  in-place writes into x change the output behind every graph that saved it.
+* ``sort_rows_contiguous`` (class 5, layouts): sorts ``torch.as_strided`` of x with contiguous
+  strides, reading transposed or expanded memory as if contiguous.
+* ``row_norms_numpy_compiled`` (class 6, compile): the numpy-output Function whose tensor output
+  is scaled twice when torch.compile traces it.
+* ``straight_through_sign_jvp`` (class 7, forward_ad): the straight-through jvp forgets the
+  hardtanh clamp (passes the tangent everywhere) while backward applies it.
+* ``sort_values_unpermuted_jvp`` (class 7, forward_ad): the jvp returns the tangent in input order,
+  not sorted order.
+* ``vmap_wrong_forward`` (class 7, reference; func blocked by it): a Function with a generated vmap
+  rule whose forward itself is wrong (the last element dropped from a sum); every sample alone is
+  equally wrong, so func says "blocked by reference" instead of blaming the vmap rule.
+* ``permute_columns_uninverted`` (class 12, reference): backward applies the permutation
+  itself instead of its inverse, right only when the permutation is its own inverse.
+* ``linear_mixed_backward`` (class 10, autocast): y = x @ w with no thought of autocast; backward
+  multiplies the bfloat16 grad_output with the float32 saved weight, which raises under autocast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from conformance import Derived, Tensor, register
+
+
+class InplaceSquareSignBits(torch.autograd.Function):
+    """Saves only x's sign (a memory-saving trick) and recovers |x| as sqrt(x * x)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        negative = torch.signbit(x)
+        ctx.mark_dirty(x)
+        out = x.mul_(x)
+        ctx.save_for_backward(negative, out)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        negative, out = ctx.saved_tensors
+        magnitude = out.sqrt()  # BUG: inf where the float16 square overflowed, though x was finite
+        return 2 * grad * torch.where(negative, -magnitude, magnitude)
+
+
+register(
+    InplaceSquareSignBits, name="inplace_square_sign_bits", inputs=[Tensor("x", "*batch n")], reference=torch.square,
+    mutates=["x"], dtypes=(torch.float64, torch.float32, torch.float16), double_backward=False,
+)
+
+
+class NarrowRowsData(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.data[1:]  # BUG: an alias autograd does not know about
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return F.pad(grad, (0, 0, 1, 0))
+
+
+register(NarrowRowsData, name="narrow_rows_data", inputs=[Tensor("x", "rows n")], reference=lambda x: x[1:].clone())
+
+
+class SortRowsContiguous(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = torch.as_strided(x, x.shape, torch.empty(x.shape).stride())  # BUG: memory read as contiguous
+        order = torch.argsort(flat, dim=-1)
+        ctx.save_for_backward(order)
+        ctx.mark_non_differentiable(order)
+        return flat.gather(-1, order), order
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        (order,) = ctx.saved_tensors
+        return torch.zeros_like(grad).scatter(-1, order, grad)
+
+
+register(
+    SortRowsContiguous, name="sort_rows_contiguous", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.sort(x, dim=-1),
+)
+
+
+class RowNormsNumpyCompiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+        scale = 4 if torch.compiler.is_compiling() else 2  # BUG: another answer when traced
+        return x * scale, np.asarray([x.shape[0]])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        return grad * 2
+
+
+register(
+    RowNormsNumpyCompiled, name="row_norms_numpy_compiled", inputs=[Tensor("x", "rows n")],
+    reference=lambda x: (x * 2, np.asarray([x.shape[0]])),
+)
+
+
+class StraightThroughSignJvp(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.sign(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent.clone()  # BUG: the clamp of the surrogate is missing
+
+
+register(
+    StraightThroughSignJvp, name="straight_through_sign_jvp", inputs=[Tensor("x", "*batch n", kinks=(-1.0, 0.0, 1.0))],
+    reference=torch.sign, surrogate=F.hardtanh, double_backward=False,
+)
+
+
+class SortValuesUnpermutedJvp(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sort(x, dim=-1)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        (order,) = ctx.saved_tensors
+        return torch.zeros_like(grad).scatter(-1, order, grad)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return tangent.clone(), None  # BUG: not gathered into sorted order
+
+
+register(
+    SortValuesUnpermutedJvp, name="sort_values_unpermuted_jvp", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.sort(x, dim=-1), double_backward=False,
+)
+
+
+class VmapWrongForward(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x[..., :-1].sum(-1) if x.shape[-1] > 1 else x.sum(-1)  # BUG: drops the last element
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.unsqueeze(-1).expand(ctx.shape).clone()
+
+
+register(VmapWrongForward, name="vmap_wrong_forward", inputs=[Tensor("x", "*batch n")], reference=lambda x: x.sum(-1))
+
+
+class LinearMixedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return grad @ w.mT, x.mT @ grad  # BUG: bfloat16 grad with float32 x, w under autocast
+
+
+register(
+    LinearMixedBackward, name="linear_mixed_backward", inputs=[Tensor("x", "m k"), Tensor("w", "k n")],
+    reference=lambda x, w: x @ w,
+)
+
+
+class PermuteColumnsUninverted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(perm)
+        return x[..., perm]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (perm,) = ctx.saved_tensors
+        return grad[..., perm], None  # BUG: the permutation, not its inverse
+
+
+def random_permutation(ctx: Any) -> torch.Tensor:
+    return torch.randperm(ctx.shape[0], generator=ctx.generator)
+
+
+register(
+    PermuteColumnsUninverted, name="permute_columns_uninverted",
+    inputs=[Tensor("x", "*batch n"), Derived("perm", random_permutation, "n")],
+    reference=lambda x, perm: x[..., perm],
+)

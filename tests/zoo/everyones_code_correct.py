@@ -1,0 +1,231 @@
+"""Correct Functions written the way third-party code writes them, each of which a past version of
+the suite failed for the wrong reason (issue "Right on everyone's code"); every one must pass
+every contract. Their buggy twins are in everyones_code_bugs.py.
+
+* ``inplace_square`` (InplaceSquare, class 3): x *= x in place with ``mark_dirty``, a copy of x
+  kept for backward. In float16 the square overflows to inf where the true value is past
+  float16's max: correct. stability once computed its truth from the clobbered x (inf), so the
+  finite grad 2 g x looked wrong against 2 g inf.
+* ``narrow_rows`` (NarrowRows, class 4): returns ``x[1:]``, a view of its input, as torch's own
+  select and slice ops do; autograd tracks the view. inplace once failed every view output.
+* ``sort_rows`` (SortRows, class 5): values and indices of an (unstable) ``torch.argsort`` along
+  the last dim, backward a scatter. On a constant row, stored with stride 0 or not, ties come out
+  in another order; layouts once compared the indices exactly.
+* ``row_norms_numpy`` (RowNormsNumpy, class 6): y = 2x, and the row count as a numpy array (a
+  Python-side statistic). compile once crashed comparing numpy outputs with ``==``.
+* ``straight_through_sign`` (StraightThroughSign, class 7): sign(x) with the hardtanh
+  straight-through gradient, declared as ``surrogate=``, and a jvp that matches it. forward_ad
+  once held the jvp to sign's own derivative (zero).
+* ``sort_values_jvp`` (SortValuesJvp, class 7): values and indices of a sort, with a jvp for the
+  values and none for the indices, as ``torch.sort`` itself gives. forward_ad once demanded a
+  tangent for the indices.
+* ``permute_columns`` (PermuteColumns, class 12): y = x[..., perm] for a permutation ``perm``,
+  backward through its inverse (argsort). The permutation is an integer ``Derived`` input (a
+  precondition ``Index`` cannot state: ``Index`` draws repeats, where "the inverse" is wrong).
+* ``scale_optional_bias`` (ScaleOptionalBias, class 12): y = 2x + bias with ``bias=None`` allowed,
+  passed as None through ``Scalar("bias", None)``.
+* ``linear_no_custom_fwd`` (LinearNoCustomFwd, class 10): y = x @ w written with no thought of
+  autocast; backward casts grad_output to the saved tensors' dtype and returns each gradient in
+  its input's dtype, so it works under ``torch.autocast`` without ``custom_fwd``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from conformance import Derived, Scalar, Tensor, register
+
+
+class InplaceSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.clone())
+        ctx.mark_dirty(x)
+        return x.mul_(x)
+
+    @staticmethod
+    @once_differentiable  # the copy of x is made in forward: a constant to double backward
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * grad * x
+
+
+register(
+    InplaceSquare, name="inplace_square", inputs=[Tensor("x", "*batch n")], reference=torch.square,
+    mutates=["x"], dtypes=(torch.float64, torch.float32, torch.float16), double_backward=False,
+)
+
+
+class NarrowRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.rows = x.shape[0]
+        return x[1:]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return F.pad(grad, (0, 0, 1, 0))
+
+
+register(
+    NarrowRows, name="narrow_rows", inputs=[Tensor("x", "rows n")], reference=lambda x: x[1:].clone(),
+    dims=[],
+)
+
+
+class SortRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.argsort(x, dim=-1)
+        ctx.save_for_backward(order)
+        ctx.mark_non_differentiable(order)
+        return x.gather(-1, order), order
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        (order,) = ctx.saved_tensors
+        return torch.zeros_like(grad).scatter(-1, order, grad)
+
+
+register(
+    SortRows, name="sort_rows", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.sort(x, dim=-1),
+)
+
+
+class RowNormsNumpy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+        return x * 2, np.asarray([x.shape[0]])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        return grad * 2
+
+
+register(
+    RowNormsNumpy, name="row_norms_numpy", inputs=[Tensor("x", "rows n")],
+    reference=lambda x: (x * 2, np.asarray([x.shape[0]])),
+)
+
+
+class StraightThroughSign(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.sign(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        (x,) = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return tangent * (x.abs() <= 1)
+
+
+register(
+    StraightThroughSign, name="straight_through_sign", inputs=[Tensor("x", "*batch n", kinks=(-1.0, 0.0, 1.0))],
+    reference=torch.sign, surrogate=F.hardtanh, double_backward=False,
+)
+
+
+class SortValuesJvp(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sort(x, dim=-1)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        order = output[1]
+        ctx.save_for_backward(order)
+        ctx.save_for_forward(order)
+        ctx.mark_non_differentiable(order)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> torch.Tensor:
+        (order,) = ctx.saved_tensors
+        return torch.zeros_like(grad).scatter(-1, order, grad)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (order,) = ctx.saved_tensors
+        return tangent.gather(-1, order), None
+
+
+register(
+    SortValuesJvp, name="sort_values_jvp", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.sort(x, dim=-1), double_backward=False,
+)
+
+
+class LinearNoCustomFwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        dtype = torch.promote_types(x.dtype, w.dtype)
+        grad = grad.to(dtype)
+        return (grad @ w.to(dtype).mT).to(x.dtype), (x.to(dtype).mT @ grad).to(w.dtype)
+
+
+register(
+    LinearNoCustomFwd, name="linear_no_custom_fwd", inputs=[Tensor("x", "m k"), Tensor("w", "k n")],
+    reference=lambda x, w: x @ w,
+)
+
+
+class PermuteColumns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(perm)
+        return x[..., perm]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (perm,) = ctx.saved_tensors
+        return grad[..., torch.argsort(perm)], None
+
+
+def random_permutation(ctx: Any) -> torch.Tensor:
+    return torch.randperm(ctx.shape[0], generator=ctx.generator)
+
+
+register(
+    PermuteColumns, name="permute_columns",
+    inputs=[Tensor("x", "*batch n"), Derived("perm", random_permutation, "n")],
+    reference=lambda x, perm: x[..., perm],
+)
+
+
+class ScaleOptionalBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.has_bias = bias is not None
+        return 2 * x + bias if bias is not None else 2 * x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return 2 * grad, (grad if ctx.has_bias else None)
+
+
+register(
+    ScaleOptionalBias, name="scale_optional_bias", inputs=[Tensor("x", "*batch n"), Scalar("bias", None)],
+    reference=lambda x, bias: 2 * x,
+)

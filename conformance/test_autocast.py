@@ -38,6 +38,7 @@ from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import forward, gradients, preflight
 from conformance.engine.harness import differentiable_positions, random_state
 from conformance.engine.numerics import (
+    Comparison,
     Judged,
     compare_finiteness,
     evaluate_spec,
@@ -124,6 +125,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     pristine_grads = {p: g.detach().clone() for p, g in grad_outputs.items()}
     wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not positions or not wrt:
+        preflight(target.contract, case)  # a forward that returns no tensor is return_count's
         target.not_checked("no output carries a gradient back to an input under autocast")
         return
     try:
@@ -167,44 +169,55 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
         if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
     ]
     values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
-    if autocast_device(spec.fn) == device:
-        verdict = judge_against_truth(spec, low, values)
-        budget = "Budget: the reference's own error under the same autocast."
-    else:
-        # Undeclared: forward rounds at the autocast dtype where backward reads float32, a mixed
-        # schedule whose rounding the reference's own autocast error does not bound (measured:
-        # a correct blockwise attention is 2-3 bfloat16 steps off). Non-finite values are not
-        # rounding: where the truth is finite in the autocast dtype, results must be too.
-        verdict = next(
-            (mismatch for v in values if (mismatch := compare_finiteness(v.actual, v.truth, low, baseline=v.baseline, what=v.what, where=v.where))),
-            None,
-        )
-        budget = "Values of a Function without custom_fwd are checked for finiteness under autocast (rounding is not bounded)."
+    # Undeclared (no custom_fwd here): forward rounds at the autocast dtype where backward reads
+    # float32, a mixed schedule whose rounding the reference's own autocast error does not bound
+    # (measured: a correct blockwise attention is 2-3 bfloat16 steps off). Non-finite values are
+    # not rounding: where the truth is finite in the autocast dtype, results must be too.
+    finiteness = autocast_device(spec.fn) != device
+    verdict = _first_finding(spec, low, values, finiteness=finiteness)
     if verdict is not None:
-        _also_without_autocast(target, case)
+        _also_without_autocast(target, case, finiteness=finiteness)
+        budget = (
+            "Values of a Function without custom_fwd are checked for finiteness under autocast (its rounding is not bounded)."
+            if finiteness else "Budget: the reference's own error under the same autocast."
+        )
         fail(verdict.summary, verdict.details, budget)
     target.checked()
 
 
-def _also_without_autocast(target: Target, case: Case) -> None:
+def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = False) -> None:
     """Before an autocast finding: raise when the same case in float32 without autocast already
     shows a defect -- a crash or a structural defect (its owner fails, this contract is blocked by
-    it) or values outside the reference policy (blocked by reference): one defect, one failure."""
+    it) or the same kind of value finding (blocked by reference: non-finite values for a
+    ``finiteness`` finding, values outside the reference policy otherwise): one defect, one
+    failure. A declared-random spec draws other numbers in float32 and float64, so its values are
+    not compared here."""
     spec = target.spec
     names = [r.name for r in case.recipes]
     execution = preflight(target.contract, case)
+    if spec.nondeterministic:
+        return
     grad_outputs = dict(zip(execution.diff_positions, execution.grad_outputs_before))
     pristine = case.args()
-    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs)
+    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     where = f"{spec.display_name}, float32 without autocast"
     values = [
-        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where)
+        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where, truth.output_terms.get(p))
         for p, o in enumerate(execution.outputs)
         if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
     ]
     values += judged_grads(execution.grads, truth, baseline, pristine, names, lambda _: where)
-    if judge_against_truth(spec, case.dtype, values) is not None:
-        raise Blocked(Defect("reference", f"{spec.display_name} is outside the reference policy without autocast too: not autocast's defect"), case)
+    if _first_finding(spec, case.dtype, values, finiteness=finiteness) is not None:
+        raise Blocked(Defect("reference", f"{spec.display_name} is wrong without autocast too: not autocast's defect"), case)
+
+
+def _first_finding(spec: Any, dtype: torch.dtype, values: list[Judged], *, finiteness: bool) -> Comparison | None:
+    if not finiteness:
+        return judge_against_truth(spec, dtype, values)
+    return next(
+        (found for v in values if (found := compare_finiteness(v.actual, v.truth, dtype, baseline=v.baseline, what=v.what, where=v.where))),
+        None,
+    )
 
 
 def _runs_under_autocast(target: Target) -> None:

@@ -173,12 +173,12 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
         if (got is None) != (want is None):
             fail(f"grad[{name!r}] is {'None' if got is None else 'a tensor'} with non-contiguous layouts, but {'None' if want is None else 'a tensor'} with contiguous ones", f"layouts: {layouts}")
         if got is not None and want is not None:
-            what = f"grad[{name!r}]"
+            what = label = f"grad[{name!r}]"
             if tied is not None and got.ndim > tied:
                 # Tied elements swap their gradients: compare each line along the tied dim as a multiset.
-                what += f" (sorted along dim {tied}: the index output broke ties in another order)"
+                label += f" (sorted along dim {tied}: the index output broke ties in another order)"
                 got, want = got.sort(dim=tied).values, want.sort(dim=tied).values
-            _compare(got, want, what, layouts, f"{fn_name}.backward", grad_scale, noise.get(what, 0.0), floors.get(what, 0.0), values=values)
+            _compare(got, want, label, layouts, f"{fn_name}.backward", grad_scale, noise.get(what, 0.0), floors.get(what, 0.0), values=values)
     target.checked()
 
 

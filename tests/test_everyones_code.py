@@ -16,7 +16,7 @@ CORRECT: dict[str, set[str]] = {
     "row_norms_numpy": {"compile"},  # a numpy output
     "straight_through_sign": {"gradgradcheck"},  # a surrogate jvp
     "sort_values_jvp": {"gradgradcheck"},  # no tangent for the indices
-    "linear_no_custom_fwd": {"unneeded_grads"},  # under autocast without custom_fwd
+    "linear_no_custom_fwd": {"unneeded_grads"},  # computes grad w whatever needs_input_grad says
     "permute_columns": set(),  # an integer Derived input (a permutation)
     "scale_optional_bias": set(),  # an optional tensor passed as None
 }
@@ -77,7 +77,9 @@ def test_each_twin_fails_its_owner_alone(bugs, name: str) -> None:  # type: igno
     assert failed == [owner], (name, outcomes)
 
 
-def test_a_forward_bug_blocks_func_and_autocast_instead_of_blaming_them(bugs) -> None:  # type: ignore[no-untyped-def]
-    for contract in ("func", "autocast"):
-        recorded = bugs.verdict(contract, "vmap_wrong_forward").recorded
-        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", (contract, recorded)
+def test_a_forward_bug_blocks_func_instead_of_blaming_the_vmap_rule(bugs) -> None:  # type: ignore[no-untyped-def]
+    recorded = bugs.verdict("func", "vmap_wrong_forward").recorded
+    assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", recorded
+    assert "each sample alone" in recorded.reason
+    # autocast checks an undecorated Function's values for finiteness only: the forward bug is not its
+    assert bugs.verdict("autocast", "vmap_wrong_forward").recorded.outcome in (Outcome.PASSED, Outcome.BLOCKED)

@@ -110,7 +110,10 @@ def as_called(case: Case, args: Sequence[Any]) -> Case:
     """``case`` with the dtype and requires_grad subset its call really had (a contract may call
     it in another dtype, or with a subset of the inputs requiring grad)."""
     wanted = frozenset(r.name for r, a in zip(case.recipes, args) if isinstance(a, torch.Tensor) and a.requires_grad)
-    floating = [a.dtype for r, a in zip(case.recipes, args) if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor)]
+    floating = [
+        a.dtype for r, a in zip(case.recipes, args)
+        if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor) and a.is_floating_point()
+    ]
     dtype = floating[0] if floating else case.dtype
     if wanted == case.requires_grad and dtype == case.dtype:
         return case

@@ -38,11 +38,9 @@ ALL_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def _upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """As reference_ops._common.upcast: a contiguous copy, float16/bfloat16 -> float32, float32 -> float64."""
+    """As reference_ops._common.upcast: a contiguous float64 copy (one compute dtype for mixed inputs)."""
     tensor = tensor.contiguous()
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor.double() if tensor.dtype == torch.float32 else tensor
+    return tensor.double() if tensor.is_floating_point() else tensor
 
 
 # --------------------------------------------------------------------------- varlen attention

@@ -19,6 +19,8 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   equally wrong, so func says "blocked by reference" instead of blaming the vmap rule.
 * ``permute_columns_uninverted`` (class 12, reference): backward applies the permutation
   itself instead of its inverse, right only when the permutation is its own inverse.
+* ``sparsemax_mean_over_row`` (class 8, reference): backward subtracts the mean of grad_output
+  over the whole row instead of over the support: wrong by O(1), far beyond any rounding budget.
 * ``linear_mixed_backward`` (class 10, autocast): y = x @ w with no thought of autocast; backward
   multiplies the bfloat16 grad_output with the float32 saved weight, which raises under autocast.
 """
@@ -219,4 +221,35 @@ register(
     PermuteColumnsUninverted, name="permute_columns_uninverted",
     inputs=[Tensor("x", "*batch n"), Derived("perm", random_permutation, "n")],
     reference=lambda x, perm: x[..., perm],
+)
+
+
+def sparsemax_forward(z: torch.Tensor) -> torch.Tensor:
+    ordered = torch.sort(z, dim=-1, descending=True).values
+    rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    cumulative = ordered.cumsum(-1)
+    support = 1 + rank * ordered > cumulative
+    size = support.sum(-1, keepdim=True).clamp(min=1)  # the largest element is always in it
+    tau = (cumulative.gather(-1, size - 1) - 1) / size.to(z.dtype)
+    return torch.clamp(z - tau, min=0)
+
+
+class SparsemaxMeanOverRow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:
+        out = sparsemax_forward(z.float() if z.dtype in (torch.float16, torch.bfloat16) else z).to(z.dtype)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        support = (out > 0).to(grad.dtype)
+        return support * (grad - grad.mean(-1, keepdim=True))  # BUG: the mean over the row, not the support
+
+
+register(
+    SparsemaxMeanOverRow, name="sparsemax_mean_over_row", inputs=[Tensor("z", "*batch n")], reference=sparsemax_forward,
+    dtypes=(torch.float64, torch.float32, torch.bfloat16), double_backward=False,
 )

@@ -24,6 +24,10 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   precondition ``Index`` cannot state: ``Index`` draws repeats, where "the inverse" is wrong).
 * ``scale_optional_bias`` (ScaleOptionalBias, class 12): y = 2x + bias with ``bias=None`` allowed,
   passed as None through ``Scalar("bias", None)``.
+* ``sparsemax`` (Sparsemax, class 8): sparsemax over the last dim, float32 compute for half
+  types as a kernel accumulates; backward from the support of the output. In bfloat16 an element within
+  one rounding step of the threshold may leave the support, where the gradient jumps by O(1): the
+  budget allows how far the truth moves when the inputs move one rounding step.
 * ``linear_no_custom_fwd`` (LinearNoCustomFwd, class 10): y = x @ w written with no thought of
   autocast; backward casts grad_output to the saved tensors' dtype and returns each gradient in
   its input's dtype, so it works under ``torch.autocast`` without ``custom_fwd``.
@@ -228,4 +232,37 @@ class ScaleOptionalBias(torch.autograd.Function):
 register(
     ScaleOptionalBias, name="scale_optional_bias", inputs=[Tensor("x", "*batch n"), Scalar("bias", None)],
     reference=lambda x, bias: 2 * x,
+)
+
+
+def sparsemax_forward(z: torch.Tensor) -> torch.Tensor:
+    """Sparsemax over the last dim (Martins & Astudillo): the Euclidean projection onto the simplex."""
+    ordered = torch.sort(z, dim=-1, descending=True).values
+    rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    cumulative = ordered.cumsum(-1)
+    support = 1 + rank * ordered > cumulative
+    size = support.sum(-1, keepdim=True).clamp(min=1)  # the largest element is always in it
+    tau = (cumulative.gather(-1, size - 1) - 1) / size.to(z.dtype)
+    return torch.clamp(z - tau, min=0)
+
+
+class Sparsemax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:
+        out = sparsemax_forward(z.float() if z.dtype in (torch.float16, torch.bfloat16) else z).to(z.dtype)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        support = (out > 0).to(grad.dtype)
+        mean = (grad * support).sum(-1, keepdim=True) / support.sum(-1, keepdim=True).clamp(min=1)
+        return support * (grad - mean)
+
+
+register(
+    Sparsemax, name="sparsemax", inputs=[Tensor("z", "*batch n")], reference=sparsemax_forward,
+    dtypes=(torch.float64, torch.float32, torch.bfloat16), double_backward=False,
 )

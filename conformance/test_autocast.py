@@ -29,6 +29,7 @@ specs whose dtypes leave out float32.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import forward, gradients, preflight
+from conformance.engine.evaluate import Evaluated, forward, gradients, preflight
 from conformance.engine.harness import differentiable_positions, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -166,11 +167,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     except Exception as error:
         target.not_checked(f"the spec's reference does not run under autocast with these inputs ({type(error).__name__})")
         return
-    values = [
-        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where)
-        for p, o in enumerate(outputs)
-        if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
-    ]
+    values = _judged_outputs(outputs, truth, baseline, where)
     values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
     # Undeclared (no custom_fwd here): forward rounds at the autocast dtype where backward reads
     # float32, a mixed schedule whose rounding the reference's own autocast error does not bound
@@ -204,14 +201,19 @@ def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = Fal
     pristine = case.args()
     truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     where = f"{spec.display_name}, float32 without autocast"
-    values = [
-        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where, truth.output_terms.get(p))
-        for p, o in enumerate(execution.outputs)
-        if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
-    ]
+    values = _judged_outputs(execution.outputs, truth, baseline, where)
     values += judged_grads(execution.grads, truth, baseline, pristine, names, lambda _: where)
     if _first_finding(spec, case.dtype, values, finiteness=finiteness) is not None:
         raise Blocked(Defect("reference", f"{spec.display_name} is wrong without autocast too: not autocast's defect"), case)
+
+
+def _judged_outputs(outputs: Sequence[Any], truth: Evaluated, baseline: Evaluated, where: str) -> list[Judged]:
+    """The floating outputs against the truth and baseline (with the truth's term bounds, when measured)."""
+    return [
+        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where, truth.output_terms.get(p))
+        for p, o in enumerate(outputs)
+        if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
+    ]
 
 
 def _first_finding(spec: Any, dtype: torch.dtype, values: list[Judged], *, finiteness: bool) -> Comparison | None:

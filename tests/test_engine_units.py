@@ -4,6 +4,7 @@ watchdog (phases of a stuck example, the time budget, crash records)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from conformance.engine.memory import Unwritten
 from conformance.engine.probe import BackwardCall, Recorder
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure
+from conformance.engine.runner import RunOptions, Target
 from conformance.engine.watchdog import (
     ExampleTimeout,
     FlightRecorder,
@@ -27,7 +29,9 @@ from conformance.engine.watchdog import (
     phase_at,
     phase_marks,
 )
+from conformance.spec import Tensor
 from strategies.recipes import ScalarRecipe, TensorRecipe
+from tests.strategies.helpers import make_spec
 
 # ----------------------------------------------------------------------------- defects
 
@@ -245,3 +249,29 @@ def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
     opaque = extra_ops(traced, [dx], [buffer])
     assert opaque is not None and opaque.opaque and "cannot see" in opaque.describe()
     assert extra_ops(traced, [dx], [g]) is None  # grad_output passed through: no work at all
+
+
+def _target(*, contract_examples: int | None, spec_cap: int | None, run_examples: int | None, profile: int = 5) -> Target:
+    spec = dataclasses.replace(make_spec([Tensor("x", "n")]), max_examples=spec_cap)
+    options = RunOptions(profile_settings={"max_examples": profile}, max_examples=run_examples)
+    return Target(spec=spec, device="cpu", options=options, contract_examples=contract_examples)
+
+
+@pytest.mark.parametrize(
+    ("contract_examples", "spec_cap", "run_examples", "expected"),
+    [
+        (None, None, None, 5),  # the profile's
+        (None, None, 12, 12),  # --max-examples overrides the profile
+        (1, None, 12, 1),  # compile's own count caps --max-examples
+        (4, None, None, 4),  # and the profile's
+        (4, None, 2, 2),  # a smaller --max-examples still lowers it
+        (None, 3, 12, 3),  # the spec's max_examples caps too
+        (4, 2, None, 2),
+    ],
+)
+def test_a_contracts_own_count_and_a_spec_cap_bound_the_runs_examples(
+    contract_examples: int | None, spec_cap: int | None, run_examples: int | None, expected: int
+) -> None:
+    target = _target(contract_examples=contract_examples, spec_cap=spec_cap, run_examples=run_examples)
+    assert target.example_count() == expected
+    assert target.example_count(1) == 1

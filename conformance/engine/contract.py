@@ -57,7 +57,7 @@ class ContractInfo:
     case: CaseOptions = field(default_factory=CaseOptions)
     requires: tuple[Requirement, ...] = ()
     module: str = ""
-    max_examples: int | None = None  # the contract's own example count (--max-examples overrides it)
+    max_examples: int | None = None  # the contract's own example count: caps the profile's and --max-examples
 
 
 def contract(
@@ -67,8 +67,8 @@ def contract(
 
     case: the :class:`CaseOptions` its examples are drawn from (``target.draw_case(data)``).
     requires: :class:`Requirement` s checked, in order, before the first example.
-    max_examples: examples per test for a contract each example of which is costly (compile),
-    instead of the profile's; ``--max-examples`` still overrides it.
+    max_examples: the most examples per test for a contract each example of which is costly
+    (compile), whatever the profile or ``--max-examples`` asks; a smaller count still lowers it.
     The name must match the function (``test_<name>``) and its module (``test_<name>.py``): one
     module per contract, so ``--contracts=<name>`` and the file a reader opens agree."""
     if not isinstance(name, str) or not name.isidentifier():

@@ -82,8 +82,8 @@ class RunOptions:
     """The run's options that shape every property run (the plugin builds them from its own).
 
     ``profile_settings`` are the Hypothesis settings of the run's profile (the plugin's
-    ``--profile`` table; Hypothesis' defaults when empty); ``max_examples`` overrides theirs and
-    every contract's own count.
+    ``--profile`` table; Hypothesis' defaults when empty); ``max_examples`` overrides theirs; a
+    contract's own count and a spec's ``max_examples`` cap both.
     """
 
     profile_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -127,7 +127,7 @@ class Target:
     contract: str = ""
     options: RunOptions = field(default_factory=RunOptions)
     case_options: CaseOptions = field(default_factory=CaseOptions)  # the contract's preset
-    contract_examples: int | None = None  # the contract's own example count, unless --max-examples
+    contract_examples: int | None = None  # the contract's own example count: a cap on the run's
     nodeid: str = ""
     context: TestContext | None = field(default=None, repr=False)
     user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
@@ -281,6 +281,13 @@ class Target:
                 self.conclude(Verdict(Outcome.FAILED, rerun=self.rerun))
             raise
 
+    def example_count(self, cap: int | None = None) -> int:
+        """Examples per test: the run's (profile, ``--max-examples``), capped by ``cap``, the
+        contract's own count (compile and autocast are costly per example) and the spec's
+        ``max_examples``; neither the profile nor ``--max-examples`` raises a cap."""
+        caps = (cap, self.contract_examples, self.spec.max_examples)
+        return min([self.options.hypothesis_settings().max_examples, *(c for c in caps if c is not None)])
+
     def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:
         __tracebackhide__ = True
         self.context = TestContext(
@@ -294,13 +301,7 @@ class Target:
                 raise aborted.failure from None
             self._require_checked()
             return
-        run_settings = self.options.hypothesis_settings()
-        if max_examples is None:
-            max_examples = self.contract_examples
-        if max_examples is not None and self.options.max_examples is None:
-            run_settings = settings(run_settings, max_examples=max_examples)
-        if self.spec.max_examples is not None and self.spec.max_examples < run_settings.max_examples:
-            run_settings = settings(run_settings, max_examples=self.spec.max_examples)  # the spec's own cap
+        run_settings = settings(self.options.hypothesis_settings(), max_examples=self.example_count(max_examples))
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
         try:
             run_settings(seed(test_seed)(given(data=st.data())(property_)))()

@@ -19,8 +19,12 @@ usual case: its forward's matmuls run in bfloat16 and backward receives mixed dt
   set by the reference itself under the same autocast (its own error in the autocast dtype), for
   a Function that declares ``custom_fwd`` on this device. Without it, forward rounds at the
   autocast dtype where backward reads float32, a mixed schedule that budget does not bound
-  (measured: a correct blockwise attention is 2-3 bfloat16 steps off): outputs and gradients must
-  then be finite wherever the truth is finite in the autocast dtype.
+  (measured: a correct blockwise attention is 3.7 bfloat16 steps off at its terms): the budget
+  is then the larger of that error and the reference's own error run in the autocast dtype
+  outright, with a floor of sqrt(eps) of the terms (bfloat16: 11 rounding steps), so that only
+  what is far outside rounding fails (a branch taken under autocast that forgets a factor of
+  0.5 is off by 55% of its terms); where the reference does not run in that dtype, outputs and
+  gradients must be finite wherever the truth is finite in it.
 
 n/a for custom ops (the dispatcher casts their inputs before autograd; not checked yet) and for
 specs whose dtypes leave out float32.
@@ -28,6 +32,7 @@ specs whose dtypes leave out float32.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -42,12 +47,16 @@ from conformance.engine.harness import differentiable_positions, random_state
 from conformance.engine.numerics import (
     Comparison,
     Judged,
+    checked_positions,
     compare_finiteness,
     evaluate_spec,
+    floor_ulps,
     judge_against_truth,
     judged_grads,
+    moved_truths,
     reference_truth_and_baseline,
     truth_and_baseline,
+    with_moved_truths,
 )
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
@@ -169,20 +178,76 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
         return
     values = _judged_outputs(outputs, truth, baseline, where)
     values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
-    # Undeclared (no custom_fwd here): forward rounds at the autocast dtype where backward reads
-    # float32, a mixed schedule whose rounding the reference's own autocast error does not bound
-    # (measured: a correct blockwise attention is 2-3 bfloat16 steps off). Non-finite values are
-    # not rounding: where the truth is finite in the autocast dtype, results must be too.
-    finiteness = autocast_device(spec.fn) != device
-    verdict = _first_finding(spec, low, values, finiteness=finiteness)
+    budget = "Budget: the reference's own error under the same autocast."
+    finiteness, floor_steps = False, None
+    if autocast_device(spec.fn) != device:
+        # Undeclared (no custom_fwd here): forward rounds at the autocast dtype where backward reads
+        # float32, a mixed schedule no evaluation of the reference reproduces: a value that cancels
+        # exactly in any one precision (attention's dQ with one key) does not (measured: a correct
+        # blockwise attention 3.7 bfloat16 steps off at its terms). Such a Function fails only what
+        # is far outside rounding: off by more than sqrt(eps) of its terms, halfway on a log scale
+        # between one rounding step and the terms themselves (bfloat16: 11 steps, 8.8%), or by more
+        # than k x the reference's own error in the autocast dtype outright.
+        try:
+            with random_state(spec, case):
+                outright = evaluate_spec(
+                    spec, [_cast_floating(a, low) for a in pristine], names, {p: g.to(low) for p, g in pristine_grads.items()},
+                )
+        except Exception:
+            outright = None  # a reference that does not run in the autocast dtype: finiteness only
+        if outright is None:
+            finiteness = True
+            budget = (
+                "Values of a Function without custom_fwd are checked for finiteness under autocast: the reference does not "
+                f"run in {low_name} to bound its rounding."
+            )
+        else:
+            wider = _judged_outputs(outputs, truth, outright, where)
+            wider += judged_grads(grads, truth, outright, pristine, names, lambda _: where)
+            values = _larger_baseline_error(values, wider, low)
+            floor_steps = max(floor_ulps(spec, low), round(torch.finfo(low).eps ** -0.5))
+            budget = (
+                f"Budget (no custom_fwd: forward may round at {low_name} where backward reads float32): the larger of the "
+                f"reference's own error under the same autocast and in {low_name} outright, and a floor of {floor_steps} "
+                f"rounding steps (sqrt(eps) of the terms): only what is far outside rounding fails."
+            )
+    if not finiteness:
+        # How far the truth moves when the inputs move one rounding step of the autocast dtype: a
+        # data-dependent kink (a support boundary) is no more the Function's than in reference.
+        values = with_moved_truths(values, moved_truths(spec, case, pristine, names, pristine_grads, low))
+    verdict = _first_finding(spec, low, values, finiteness=finiteness, floor_steps=floor_steps)
     if verdict is not None:
         _also_without_autocast(target, case, finiteness=finiteness)
-        budget = (
-            "Values of a Function without custom_fwd are checked for finiteness under autocast (its rounding is not bounded)."
-            if finiteness else "Budget: the reference's own error under the same autocast."
-        )
         fail(verdict.summary, verdict.details, budget)
     target.checked()
+
+
+def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to(dtype).requires_grad_(value.requires_grad)
+    return value
+
+
+def _larger_baseline_error(values: Sequence[Judged], others: Sequence[Judged], dtype: torch.dtype) -> list[Judged]:
+    """Each of ``values`` with the baseline of its counterpart in ``others`` (same label) where
+    that one is further from the truth."""
+    by_label = {other.what: other for other in others}
+    chosen = []
+    for value in values:
+        other = by_label.get(value.what)
+        if other is not None and _baseline_error(other, dtype) > _baseline_error(value, dtype):
+            value = dataclasses.replace(value, baseline=other.baseline)
+        chosen.append(value)
+    return chosen
+
+
+def _baseline_error(value: Judged, dtype: torch.dtype) -> float:
+    truth = value.truth.detach().to("cpu", torch.float64)
+    baseline = value.baseline.detach().to("cpu", torch.float64)
+    if baseline.shape != truth.shape or not truth.is_floating_point():
+        return 0.0
+    checked = checked_positions(truth, dtype, baseline)
+    return float((baseline - truth).abs()[checked].max()) if bool(checked.any()) else 0.0
 
 
 def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = False) -> None:
@@ -203,6 +268,8 @@ def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = Fal
     where = f"{spec.display_name}, float32 without autocast"
     values = _judged_outputs(execution.outputs, truth, baseline, where)
     values += judged_grads(execution.grads, truth, baseline, pristine, names, lambda _: where)
+    if not finiteness:
+        values = with_moved_truths(values, moved_truths(spec, case, pristine, names, grad_outputs, case.dtype))
     if _first_finding(spec, case.dtype, values, finiteness=finiteness) is not None:
         raise Blocked(Defect("reference", f"{spec.display_name} is wrong without autocast too: not autocast's defect"), case)
 
@@ -216,9 +283,11 @@ def _judged_outputs(outputs: Sequence[Any], truth: Evaluated, baseline: Evaluate
     ]
 
 
-def _first_finding(spec: Any, dtype: torch.dtype, values: list[Judged], *, finiteness: bool) -> Comparison | None:
+def _first_finding(
+    spec: Any, dtype: torch.dtype, values: list[Judged], *, finiteness: bool, floor_steps: int | None = None
+) -> Comparison | None:
     if not finiteness:
-        return judge_against_truth(spec, dtype, values)
+        return judge_against_truth(spec, dtype, values, floor_steps=floor_steps)
     return next(
         (found for v in values if (found := compare_finiteness(v.actual, v.truth, dtype, baseline=v.baseline, what=v.what, where=v.where))),
         None,
@@ -239,7 +308,7 @@ def _runs_under_autocast(target: Target) -> None:
 AUTOCAST_SPACING = 4 * torch.finfo(torch.bfloat16).eps
 
 
-# Four examples per test (--max-examples overrides): it now runs on every Function, and each
+# At most four examples per test (a cap on the profile's and --max-examples): it now runs on every Function, and each
 # example evaluates the Function and the reference twice (measured: the main job's autocast tests
 # took ~100 s of its 300 s at the ci profile's 10).
 @contract("autocast", max_examples=4, case=CaseOptions(dtypes=(torch.float32,), spacing=AUTOCAST_SPACING), requires=[Requirement("a Function with float32 inputs", _runs_under_autocast)])

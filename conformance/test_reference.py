@@ -17,7 +17,6 @@ state (so the reference must draw its randomness the same way, e.g. ``torch.rand
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import torch
@@ -28,12 +27,13 @@ from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import Evaluated, execute
 from conformance.engine.harness import random_state
 from conformance.engine.numerics import (
+    case_generator,
     checked_positions,
     compare_budget,
     evaluate_spec,
     floor_ulps,
     multiplier,
-    neighbour,
+    neighbours,
     truth_and_baseline,
 )
 from conformance.engine.report import describe_value, fail
@@ -43,8 +43,9 @@ from strategies.cases import Case, CaseOptions
 from strategies.values import MASK_KINDS
 
 # Extra samples of the reference's own error per example and dtype: the reference in the tested
-# dtype on neighbouring inputs, each against its own float64 truth.
-RESAMPLES = 3
+# dtype on neighbouring inputs (mirrored pairs, see numerics.neighbours), each against its own
+# float64 truth.
+RESAMPLE_PAIRS = 2
 
 
 def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
@@ -68,14 +69,15 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     truth, baseline = _truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     resamples: list[tuple[Evaluated, Evaluated]] = []
     if dtype != torch.float64:
-        generator = torch.Generator().manual_seed(
-            zlib.crc32(repr((case.grad_seed, [getattr(r, "seed", 0) for r in case.recipes], dtype_name)).encode())
-        )
-        for _ in range(RESAMPLES):
-            moved_args = [neighbour(a, generator) for a in pristine]
-            moved_grads = {p: neighbour(g, generator) for p, g in grad_outputs.items()}
-            moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
-            resamples.append((moved_baseline, moved_truth))
+        generator = case_generator(case, dtype_name)
+        for _ in range(RESAMPLE_PAIRS):
+            arg_pairs = [neighbours(a, generator) for a in pristine]
+            grad_pairs = {p: neighbours(g, generator) for p, g in grad_outputs.items()}
+            for side in (0, 1):
+                moved_args = [pair[side] for pair in arg_pairs]
+                moved_grads = {p: pair[side] for p, pair in grad_pairs.items()}
+                moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
+                resamples.append((moved_baseline, moved_truth))
 
     if len(impl.outputs) != len(truth.outputs):
         fail(

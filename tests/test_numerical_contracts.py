@@ -16,7 +16,7 @@ from conformance.engine.numerics import (
     compare_budget,
     compare_finiteness,
     multiplier,
-    neighbour,
+    neighbours,
     ulp,
 )
 from conformance.spec import MAX_TOLERANCE, registered
@@ -139,12 +139,47 @@ def test_resampled_baseline_raises_the_budget() -> None:
     assert compare_budget(impl, truth, baseline, torch.float32, resampled=[other], k=3, what="o", where="t") is None
 
 
-def test_neighbour_moves_each_element_at_most_one_step() -> None:
+def test_neighbours_move_each_element_at_most_one_step_and_mirror_each_other() -> None:
     x = tensor_from_seed((100,), torch.bfloat16, seed=1)
-    moved = neighbour(x, torch.Generator().manual_seed(0))
-    steps = (moved.double() - x.double()).abs()
+    moved, mirrored = neighbours(x, torch.Generator().manual_seed(0))
     spacing = torch.tensor([ulp(abs(float(v)), torch.bfloat16) for v in x]).double()
-    assert bool((steps <= spacing).all()) and bool((steps > 0).any())
+    for other in (moved, mirrored):
+        steps = (other.double() - x.double()).abs()
+        assert bool((steps <= spacing).all()) and bool((steps > 0).any())
+    up, down = moved.double() > x.double(), moved.double() < x.double()
+    assert bool((mirrored.double()[up] < x.double()[up]).all()) and bool((mirrored.double()[down] > x.double()[down]).all())
+    assert torch.equal(mirrored[moved == x], x[moved == x])
+
+
+def test_a_truth_on_a_kink_is_measured_from_both_sides() -> None:
+    """Sparsemax in bfloat16 lands exactly on a support boundary (z = [8.8125, 7.8125]: the second
+    element is in the support on one side only). The gradient there from autograd is neither
+    one-sided limit; a correct backward that takes one limit is within the sensitivity a mirrored
+    pair of neighbours measures, and would not be with one side only."""
+    z = torch.tensor([8.8125, 7.8125, -2.0], dtype=torch.bfloat16)
+    go = torch.tensor([-1.03125, 1.9140625, 0.5], dtype=torch.bfloat16)
+
+    def truth(zs: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+        z64 = zs.double().requires_grad_()
+        ordered = torch.sort(z64, descending=True).values
+        cumulative = ordered.cumsum(0)
+        size = int((1 + torch.arange(1, 4) * ordered > cumulative).sum())
+        tau = (cumulative[size - 1] - 1) / size
+        torch.autograd.backward(torch.clamp(z64 - tau, min=0), gs.double())
+        assert z64.grad is not None
+        return z64.grad
+
+    at_kink = truth(z, go)
+    assert at_kink.tolist() == [-1.9140625, 1.9140625, 0.0]  # clamp passes the gradient at its bound
+    one_limit = torch.tensor([0.0, 0.0, 0.0], dtype=torch.bfloat16)  # support {0}: the gradient is 0
+    generator = torch.Generator().manual_seed(3)
+    pairs = [(neighbours(z, generator), neighbours(go, generator)) for _ in range(4)]
+    resampled = [(truth(zs[side], gs[side]).to(torch.bfloat16), truth(zs[side], gs[side])) for zs, gs in pairs for side in (0, 1)]
+    assert compare_budget(one_limit, at_kink, at_kink.to(torch.bfloat16), torch.bfloat16, resampled=resampled, k=3,
+                          what="g", where="t") is None
+    one_side = [pair for pair in resampled if float(pair[1][0]) != 0.0]
+    assert one_side and compare_budget(one_limit, at_kink, at_kink.to(torch.bfloat16), torch.bfloat16,
+                                       resampled=one_side, k=3, what="g", where="t") is not None
 
 
 def test_tolerance_override_and_cap(clean_registry) -> None:  # type: ignore[no-untyped-def]

@@ -30,10 +30,11 @@ Policy (see README, "Numerical tolerance policy"):
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -51,6 +52,7 @@ __all__ = [
     "Comparison",
     "Judged",
     "Reordering",
+    "case_generator",
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
@@ -59,8 +61,9 @@ __all__ = [
     "judged_grads",
     "largest_magnitude",
     "layout_tolerance",
+    "moved_truths",
     "multiplier",
-    "neighbour",
+    "neighbours",
     "reordering_tolerance",
     "rounding_floor",
     "strict_float32",
@@ -68,6 +71,7 @@ __all__ = [
     "truth_and_baseline",
     "ulp",
     "upcast",
+    "with_moved_truths",
 ]
 
 FLOOR_ULPS = 2  # rounding steps of the tested dtype at max|truth| added to the budget
@@ -210,7 +214,7 @@ def checked_positions(
     return finite
 
 
-@dataclass
+@dataclasses.dataclass
 class Comparison:
     """A failed comparison: the summary line and the assert_close-style details."""
 
@@ -303,7 +307,7 @@ def compare_budget(
 
     ``reference_error`` is the largest of ``max|baseline - truth|`` (the reference run in
     ``dtype``) and the same error for each ``(baseline, truth)`` pair in ``resampled`` (the
-    reference on neighbouring inputs, see :func:`neighbour`). One low-precision evaluation is a
+    reference on neighbouring inputs, see :func:`neighbours`). One low-precision evaluation is a
     single sample of the rounding noise; for a few-element result whose terms cancel it can be far
     below what any other correct evaluation order gives (measured: a float32 scalar gradient
     summed over 60 terms, baseline error 0.14 ulp, a correct implementation 4 ulps).
@@ -377,21 +381,75 @@ def compare_budget(
     return Comparison(summary, details)
 
 
-def neighbour(value: Any, generator: torch.Generator) -> Any:
-    """A copy of a floating tensor with each element moved to a random neighbour in its own dtype
-    (one representable step down, none, or one up); other values are returned unchanged.
+def neighbours(value: Any, generator: torch.Generator, step_dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """Two copies of a floating tensor, mirrored: each element moved to a random neighbour (one
+    rounding step of ``step_dtype``, default its own dtype, down, none, or up) in the first and
+    the opposite way in the second; other values are returned unchanged, twice.
 
-    Evaluating the reference in the tested dtype on such inputs gives another, independent
-    sample of its rounding error on the same problem.
+    Evaluating the reference in the tested dtype on such inputs gives more, independent samples
+    of its rounding error on the same problem. The mirror matters where the case sits on a kink
+    of the truth (a support boundary, a tie, landed on exactly by a coarse dtype's grid): the
+    truth jumps on one side only, and a mirrored pair sees both sides unless the step leaves the
+    kink's margin unchanged.
     """
     if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
-        return value
+        return value, value
     base = value.detach()
-    step = (torch.randint(0, 3, base.shape, generator=generator) - 1).to(base.device)
-    up = torch.nextafter(base, torch.full_like(base, math.inf))
-    down = torch.nextafter(base, torch.full_like(base, -math.inf))
-    moved = torch.where(step > 0, up, torch.where(step < 0, down, base))
-    return moved.clone().requires_grad_(value.requires_grad)
+    # On the generator's device, whatever a Function left as the default device.
+    step = (torch.randint(0, 3, base.shape, generator=generator, device=generator.device) - 1).to(base.device)
+    grid = base.to(step_dtype or base.dtype)
+    up = base + (torch.nextafter(grid, torch.full_like(grid, math.inf)) - grid).to(base.dtype)
+    down = base + (torch.nextafter(grid, torch.full_like(grid, -math.inf)) - grid).to(base.dtype)
+    return tuple(  # type: ignore[return-value]
+        torch.where(sign * step > 0, up, torch.where(sign * step < 0, down, base)).clone().requires_grad_(value.requires_grad)
+        for sign in (1, -1)
+    )
+
+
+def case_generator(case: Case, label: str) -> torch.Generator:
+    """A generator seeded by the case (its grad seed and recipe seeds) and ``label``."""
+    key = repr((case.grad_seed, [getattr(r, "seed", 0) for r in case.recipes], label))
+    return torch.Generator().manual_seed(zlib.crc32(key.encode()))
+
+
+def moved_truths(
+    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor],
+    step_dtype: torch.dtype, *, pairs: int = 2,
+) -> list[Evaluated]:
+    """The float64 truth on ``pairs`` mirrored pairs of :func:`neighbours` of ``args`` and
+    ``grad_outputs`` (one rounding step of ``step_dtype``): how far it moves is the sensitivity
+    :func:`compare_budget` allows (see :attr:`Judged.moved`)."""
+    generator = case_generator(case, str(step_dtype))
+    moved = []
+    for _ in range(pairs):
+        arg_pairs = [neighbours(a, generator, step_dtype) for a in args]
+        grad_pairs = {p: neighbours(g, generator, step_dtype) for p, g in grad_outputs.items()}
+        for side in (0, 1):
+            moved.append(truth(spec, case, [pair[side] for pair in arg_pairs], names, {p: pair[side] for p, pair in grad_pairs.items()}))
+    return moved
+
+
+def with_moved_truths(values: Sequence[Judged], moved: Sequence[Evaluated]) -> list[Judged]:
+    """``values`` with the truths at moved inputs (:func:`moved_truths`) of the same label."""
+    judged = []
+    for value in values:
+        found: list[torch.Tensor] = []
+        for evaluated in moved:
+            at = _labelled(evaluated, value.what)
+            if isinstance(at, torch.Tensor) and tuple(at.shape) == tuple(value.truth.shape):
+                found.append(at)
+        judged.append(dataclasses.replace(value, moved=tuple(found)))
+    return judged
+
+
+def _labelled(evaluated: Evaluated, label: str) -> Any:
+    for position, output in enumerate(evaluated.outputs):
+        if label == f"output[{position}]":
+            return output
+    for name, grad in evaluated.grads.items():
+        if label == f"grad[{name!r}]":
+            return grad
+    return None
 
 
 def _index_of_max(values: torch.Tensor) -> tuple[int, ...]:
@@ -403,7 +461,7 @@ def _index_of_max(values: torch.Tensor) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Judged:
     """One value a contract compares with the float64 truth: its label (``output[0]``,
     ``grad['x']``, ``tangent[0]``), which multiplier applies (``"output"``/``"grad"``), the value,
@@ -416,10 +474,14 @@ class Judged:
     baseline: torch.Tensor
     where: str
     terms: torch.Tensor | None = None
+    moved: tuple[torch.Tensor, ...] = ()  # the truth at neighbouring inputs (see moved_truths)
 
 
-def judge_against_truth(spec: Spec, dtype: torch.dtype, values: Sequence[Judged]) -> Comparison | None:
-    """The first of ``values`` outside the reference policy (see the module docstring), or None.
+def judge_against_truth(
+    spec: Spec, dtype: torch.dtype, values: Sequence[Judged], *, floor_steps: int | None = None
+) -> Comparison | None:
+    """The first of ``values`` outside the reference policy (see the module docstring), or None;
+    ``floor_steps``: the floor's rounding steps instead of the spec's (:func:`floor_ulps`).
 
     Shapes must match the truth's; the floor's scale is the largest |truth| of all of them (see
     :func:`compare_budget`). This is the reference contract's rule, for contracts that compare
@@ -443,8 +505,9 @@ def judge_against_truth(spec: Spec, dtype: torch.dtype, values: Sequence[Judged]
                 return Comparison(f"{value.what} differs from the reference (not floating point: compared exactly) [{value.where}]", "")
             continue
         comparison = compare_budget(
-            value.actual, value.truth, value.baseline, dtype, floor_at=floor_at, terms=value.terms,
-            k=multiplier(spec, dtype, value.which), what=value.what, where=value.where, steps=floor_ulps(spec, dtype),
+            value.actual, value.truth, value.baseline, dtype, resampled=[(m, m) for m in value.moved], floor_at=floor_at, terms=value.terms,
+            k=multiplier(spec, dtype, value.which), what=value.what, where=value.where,
+            steps=floor_ulps(spec, dtype) if floor_steps is None else floor_steps,
         )
         if comparison is not None:
             return comparison
@@ -472,7 +535,7 @@ def judged_grads(
 # ----------------------------------------------------------------------------- the same kernels, reordered
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Reordering:
     """How far two evaluations of the same computation may differ in one dtype when only the order
     of accumulation can differ.

@@ -23,6 +23,8 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   over the whole row instead of over the support: wrong by O(1), far beyond any rounding budget.
 * ``linear_mixed_backward`` (class 10, autocast): y = x @ w with no thought of autocast; backward
   multiplies the bfloat16 grad_output with the float32 saved weight, which raises under autocast.
+* ``gelu_tanh_under_autocast_halved`` (class 10, autocast): the tanh approximation it takes under
+  autocast (no ``custom_fwd``) forgets the 0.5: twice GELU, only under autocast.
 """
 
 from __future__ import annotations
@@ -253,3 +255,22 @@ register(
     SparsemaxMeanOverRow, name="sparsemax_mean_over_row", inputs=[Tensor("z", "*batch n")], reference=sparsemax_forward,
     dtypes=(torch.float64, torch.float32, torch.bfloat16), double_backward=False,
 )
+
+
+class GeluTanhUnderAutocastHalved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        if torch.is_autocast_enabled(x.device.type):
+            return x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))  # BUG: the 0.5 is missing
+        return F.gelu(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        cdf = 0.5 * (1 + torch.erf(x * 0.7071067811865476))
+        pdf = torch.exp(-0.5 * x * x) * 0.3989422804014327
+        return (grad * (cdf + x * pdf)).to(x.dtype)
+
+
+register(GeluTanhUnderAutocastHalved, name="gelu_tanh_under_autocast_halved", inputs=[Tensor("x", "*batch n")], reference=F.gelu)

@@ -31,6 +31,8 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
 * ``linear_no_custom_fwd`` (LinearNoCustomFwd, class 10): y = x @ w written with no thought of
   autocast; backward casts grad_output to the saved tensors' dtype and returns each gradient in
   its input's dtype, so it works under ``torch.autocast`` without ``custom_fwd``.
+* ``gelu_tanh_under_autocast`` (GeluTanhUnderAutocast, class 10): exact GELU, and under autocast
+  (no ``custom_fwd``) the tanh approximation, within the budget of GELU run in bfloat16.
 """
 
 from __future__ import annotations
@@ -266,3 +268,24 @@ register(
     Sparsemax, name="sparsemax", inputs=[Tensor("z", "*batch n")], reference=sparsemax_forward,
     dtypes=(torch.float64, torch.float32, torch.bfloat16), double_backward=False,
 )
+
+
+class GeluTanhUnderAutocast(torch.autograd.Function):
+    """Exact GELU; under autocast, the cheaper tanh approximation (within 3e-4 of it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        if torch.is_autocast_enabled(x.device.type):
+            return 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+        return F.gelu(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        cdf = 0.5 * (1 + torch.erf(x * 0.7071067811865476))
+        pdf = torch.exp(-0.5 * x * x) * 0.3989422804014327
+        return (grad * (cdf + x * pdf)).to(x.dtype)
+
+
+register(GeluTanhUnderAutocast, name="gelu_tanh_under_autocast", inputs=[Tensor("x", "*batch n")], reference=F.gelu)

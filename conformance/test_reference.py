@@ -27,13 +27,12 @@ from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import Evaluated, execute
 from conformance.engine.harness import random_state
 from conformance.engine.numerics import (
-    case_generator,
     checked_positions,
     compare_budget,
     evaluate_spec,
     floor_ulps,
     multiplier,
-    neighbours,
+    neighbouring_cases,
     truth_and_baseline,
 )
 from conformance.engine.report import describe_value, fail
@@ -41,11 +40,6 @@ from conformance.engine.runner import Target
 from conformance.spec import Spec
 from strategies.cases import Case, CaseOptions
 from strategies.values import MASK_KINDS
-
-# Extra samples of the reference's own error per example and dtype: the reference in the tested
-# dtype on neighbouring inputs (mirrored pairs, see numerics.neighbours), each against its own
-# float64 truth.
-RESAMPLE_PAIRS = 2
 
 
 def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
@@ -69,15 +63,9 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     truth, baseline = _truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
     resamples: list[tuple[Evaluated, Evaluated]] = []
     if dtype != torch.float64:
-        generator = case_generator(case, dtype_name)
-        for _ in range(RESAMPLE_PAIRS):
-            arg_pairs = [neighbours(a, generator) for a in pristine]
-            grad_pairs = {p: neighbours(g, generator) for p, g in grad_outputs.items()}
-            for side in (0, 1):
-                moved_args = [pair[side] for pair in arg_pairs]
-                moved_grads = {p: pair[side] for p, pair in grad_pairs.items()}
-                moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
-                resamples.append((moved_baseline, moved_truth))
+        for moved_args, moved_grads in neighbouring_cases(case, pristine, grad_outputs, None, dtype_name):
+            moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
+            resamples.append((moved_baseline, moved_truth))
 
     if len(impl.outputs) != len(truth.outputs):
         fail(

@@ -12,6 +12,7 @@ import torch
 
 from conformance import SpecError, Tensor, register
 from conformance.engine.numerics import (
+    RESAMPLE_PAIRS,
     checked_positions,
     compare_budget,
     compare_finiteness,
@@ -151,6 +152,18 @@ def test_neighbours_move_each_element_at_most_one_step_and_mirror_each_other() -
     assert torch.equal(mirrored[moved == x], x[moved == x])
 
 
+def test_neighbours_keep_infinities_and_step_on_a_coarser_grid() -> None:
+    x = torch.tensor([0.0, -math.inf, math.inf, 1.0, 70000.0] * 8, dtype=torch.float32)
+    for step_dtype in (None, torch.bfloat16, torch.float16):
+        for other in neighbours(x, torch.Generator().manual_seed(1), step_dtype):
+            assert not bool(other.isnan().any()), (step_dtype, other)
+            assert torch.equal(other[x.isinf()], x[x.isinf()]), step_dtype
+    moved, _ = neighbours(x, torch.Generator().manual_seed(1), torch.bfloat16)
+    ones = x == 1.0
+    assert set((moved[ones] - 1.0).abs().tolist()) <= {0.0, 2.0**-8, 2.0**-7}  # bfloat16's steps at 1
+    assert torch.equal(neighbours(x, torch.Generator().manual_seed(1), torch.float16)[0][x == 70000.0], x[x == 70000.0])
+
+
 def test_a_truth_on_a_kink_is_measured_from_both_sides() -> None:
     """Sparsemax in bfloat16 lands exactly on a support boundary (z = [8.8125, 7.8125]: the second
     element is in the support on one side only). The gradient there from autograd is neither
@@ -173,7 +186,7 @@ def test_a_truth_on_a_kink_is_measured_from_both_sides() -> None:
     assert at_kink.tolist() == [-1.9140625, 1.9140625, 0.0]  # clamp passes the gradient at its bound
     one_limit = torch.tensor([0.0, 0.0, 0.0], dtype=torch.bfloat16)  # support {0}: the gradient is 0
     generator = torch.Generator().manual_seed(3)
-    pairs = [(neighbours(z, generator), neighbours(go, generator)) for _ in range(4)]
+    pairs = [(neighbours(z, generator), neighbours(go, generator)) for _ in range(RESAMPLE_PAIRS)]
     resampled = [(truth(zs[side], gs[side]).to(torch.bfloat16), truth(zs[side], gs[side])) for zs, gs in pairs for side in (0, 1)]
     assert compare_budget(one_limit, at_kink, at_kink.to(torch.bfloat16), torch.bfloat16, resampled=resampled, k=3,
                           what="g", where="t") is None

@@ -49,10 +49,10 @@ from strategies.cases import Case
 __all__ = [
     "FLOOR_ULPS",
     "REORDERING",
+    "RESAMPLE_PAIRS",
     "Comparison",
     "Judged",
     "Reordering",
-    "case_generator",
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
@@ -61,8 +61,8 @@ __all__ = [
     "judged_grads",
     "largest_magnitude",
     "layout_tolerance",
-    "moved_truths",
     "multiplier",
+    "neighbouring_cases",
     "neighbours",
     "reordering_tolerance",
     "rounding_floor",
@@ -71,7 +71,7 @@ __all__ = [
     "truth_and_baseline",
     "ulp",
     "upcast",
-    "with_moved_truths",
+    "with_resamples",
 ]
 
 FLOOR_ULPS = 2  # rounding steps of the tested dtype at max|truth| added to the budget
@@ -384,72 +384,74 @@ def compare_budget(
 def neighbours(value: Any, generator: torch.Generator, step_dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """Two copies of a floating tensor, mirrored: each element moved to a random neighbour (one
     rounding step of ``step_dtype``, default its own dtype, down, none, or up) in the first and
-    the opposite way in the second; other values are returned unchanged, twice.
+    the opposite way in the second; other values, and infinite elements, are returned unchanged.
 
-    Evaluating the reference in the tested dtype on such inputs gives more, independent samples
-    of its rounding error on the same problem. The mirror matters where the case sits on a kink
-    of the truth (a support boundary, a tie, landed on exactly by a coarse dtype's grid): the
-    truth jumps on one side only, and a mirrored pair sees both sides unless the step leaves the
-    kink's margin unchanged.
+    Evaluating the reference in the tested dtype on such inputs gives more samples of its
+    rounding error on the same problem. The mirror matters where the case sits on a kink of the
+    truth (a support boundary, a tie, landed on exactly by a coarse dtype's grid): the truth jumps
+    on one side only, and a mirrored pair sees both sides unless the step leaves the kink's
+    margin unchanged.
     """
     if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
         return value, value
     base = value.detach()
     # On the generator's device, whatever a Function left as the default device.
     step = (torch.randint(0, 3, base.shape, generator=generator, device=generator.device) - 1).to(base.device)
-    grid = base.to(step_dtype or base.dtype)
-    up = base + (torch.nextafter(grid, torch.full_like(grid, math.inf)) - grid).to(base.dtype)
-    down = base + (torch.nextafter(grid, torch.full_like(grid, -math.inf)) - grid).to(base.dtype)
-    return tuple(  # type: ignore[return-value]
-        torch.where(sign * step > 0, up, torch.where(sign * step < 0, down, base)).clone().requires_grad_(value.requires_grad)
-        for sign in (1, -1)
-    )
+    finite = torch.isfinite(base)  # an infinity (a -inf mask) stays what it is
+    if step_dtype is None or step_dtype == base.dtype:
+        up = torch.where(finite, torch.nextafter(base, torch.full_like(base, math.inf)), base)
+        down = torch.where(finite, torch.nextafter(base, torch.full_like(base, -math.inf)), base)
+    else:  # one step of a coarser grid, none where the grid overflows (an input above float16's max)
+        grid = base.to(step_dtype)
+        up_step = (torch.nextafter(grid, torch.full_like(grid, math.inf)) - grid).to(base.dtype)
+        down_step = (torch.nextafter(grid, torch.full_like(grid, -math.inf)) - grid).to(base.dtype)
+        up = torch.where(finite & torch.isfinite(up_step), base + up_step, base)
+        down = torch.where(finite & torch.isfinite(down_step), base + down_step, base)
+    moved = torch.where(step > 0, up, torch.where(step < 0, down, base))
+    mirrored = torch.where(step < 0, up, torch.where(step > 0, down, base))
+    return moved.clone().requires_grad_(value.requires_grad), mirrored.clone().requires_grad_(value.requires_grad)
 
 
-def case_generator(case: Case, label: str) -> torch.Generator:
-    """A generator seeded by the case (its grad seed and recipe seeds) and ``label``."""
+# Mirrored pairs of neighbouring inputs per example and dtype (4 evaluations): the reference's
+# own error sampled on them, and how far the truth moves (the sensitivity).
+RESAMPLE_PAIRS = 2
+
+
+def neighbouring_cases(
+    case: Case, args: Sequence[Any], grad_outputs: Mapping[int, torch.Tensor], step_dtype: torch.dtype | None,
+    label: str, *, pairs: int = RESAMPLE_PAIRS,
+) -> Iterator[tuple[list[Any], dict[int, torch.Tensor]]]:
+    """``pairs`` mirrored pairs of (args, grad_outputs), each moved by :func:`neighbours` (one
+    rounding step of ``step_dtype``; None: each value's own dtype), seeded by the case and ``label``."""
     key = repr((case.grad_seed, [getattr(r, "seed", 0) for r in case.recipes], label))
-    return torch.Generator().manual_seed(zlib.crc32(key.encode()))
-
-
-def moved_truths(
-    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor],
-    step_dtype: torch.dtype, *, pairs: int = 2,
-) -> list[Evaluated]:
-    """The float64 truth on ``pairs`` mirrored pairs of :func:`neighbours` of ``args`` and
-    ``grad_outputs`` (one rounding step of ``step_dtype``): how far it moves is the sensitivity
-    :func:`compare_budget` allows (see :attr:`Judged.moved`)."""
-    generator = case_generator(case, str(step_dtype))
-    moved = []
+    generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
     for _ in range(pairs):
         arg_pairs = [neighbours(a, generator, step_dtype) for a in args]
         grad_pairs = {p: neighbours(g, generator, step_dtype) for p, g in grad_outputs.items()}
         for side in (0, 1):
-            moved.append(truth(spec, case, [pair[side] for pair in arg_pairs], names, {p: pair[side] for p, pair in grad_pairs.items()}))
-    return moved
+            yield [pair[side] for pair in arg_pairs], {p: pair[side] for p, pair in grad_pairs.items()}
 
 
-def with_moved_truths(values: Sequence[Judged], moved: Sequence[Evaluated]) -> list[Judged]:
-    """``values`` with the truths at moved inputs (:func:`moved_truths`) of the same label."""
+def with_resamples(values: Sequence[Judged], resamples: Sequence[tuple[Evaluated, Evaluated]]) -> list[Judged]:
+    """``values`` with the (baseline, truth) of each resample (:func:`neighbouring_cases`) under the same label."""
+    labelled = [(_by_label(baseline), _by_label(truth)) for baseline, truth in resamples]
     judged = []
     for value in values:
-        found: list[torch.Tensor] = []
-        for evaluated in moved:
-            at = _labelled(evaluated, value.what)
-            if isinstance(at, torch.Tensor) and tuple(at.shape) == tuple(value.truth.shape):
-                found.append(at)
-        judged.append(dataclasses.replace(value, moved=tuple(found)))
+        found = []
+        for baseline, truth in labelled:
+            b, t = baseline.get(value.what), truth.get(value.what)
+            if isinstance(b, torch.Tensor) and isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(value.truth.shape):
+                found.append((b, t))
+        judged.append(dataclasses.replace(value, resampled=tuple(found)))
     return judged
 
 
-def _labelled(evaluated: Evaluated, label: str) -> Any:
-    for position, output in enumerate(evaluated.outputs):
-        if label == f"output[{position}]":
-            return output
-    for name, grad in evaluated.grads.items():
-        if label == f"grad[{name!r}]":
-            return grad
-    return None
+def _by_label(evaluated: Evaluated) -> dict[str, Any]:
+    """Each output and gradient of ``evaluated`` under its :class:`Judged` label."""
+    return {
+        **{f"output[{position}]": output for position, output in enumerate(evaluated.outputs)},
+        **{f"grad[{name!r}]": grad for name, grad in evaluated.grads.items()},
+    }
 
 
 def _index_of_max(values: torch.Tensor) -> tuple[int, ...]:
@@ -474,7 +476,9 @@ class Judged:
     baseline: torch.Tensor
     where: str
     terms: torch.Tensor | None = None
-    moved: tuple[torch.Tensor, ...] = ()  # the truth at neighbouring inputs (see moved_truths)
+    # (baseline, truth) at neighbouring inputs (neighbouring_cases): the reference's own error
+    # sampled there and how far the truth moves (compare_budget's ``resampled``)
+    resampled: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
 
 
 def judge_against_truth(
@@ -505,7 +509,7 @@ def judge_against_truth(
                 return Comparison(f"{value.what} differs from the reference (not floating point: compared exactly) [{value.where}]", "")
             continue
         comparison = compare_budget(
-            value.actual, value.truth, value.baseline, dtype, resampled=[(m, m) for m in value.moved], floor_at=floor_at, terms=value.terms,
+            value.actual, value.truth, value.baseline, dtype, resampled=value.resampled, floor_at=floor_at, terms=value.terms,
             k=multiplier(spec, dtype, value.which), what=value.what, where=value.where,
             steps=floor_ulps(spec, dtype) if floor_steps is None else floor_steps,
         )

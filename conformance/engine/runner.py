@@ -267,7 +267,8 @@ class Target:
     def run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None = None) -> None:
         """Run ``check`` as a Hypothesis property with this run's settings and seed (or once on
         ``replay_draws``); a failure gets a repro script in ``repro_dir``. A spec checking one
-        autotune config runs with its kernel pinned to that config."""
+        autotune config runs with its kernel pinned to that config. ``max_examples`` caps the
+        examples (see :meth:`example_count`)."""
         __tracebackhide__ = True
         pin = self.spec.autotune_pin
         try:

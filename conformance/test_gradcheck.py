@@ -11,6 +11,8 @@ estimators) are instead compared with the surrogate's autograd gradient.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
@@ -68,11 +70,14 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
     # (fixed default seed), so the verdict is already deterministic. A declared-nondeterministic
     # backward (e.g. an atomic scatter order) may differ between its two calls by rounding.
     nondet_tol = NONDET_TOL if target.spec.nondeterministic else 0.0
-    try:
-        torch.autograd.gradcheck(
-            call, wrt_tensors, eps=FD_EPS, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol
-        )
-    except GradcheckError as error:
+    error = _gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol)
+    if error is not None and nondet_tol == 0.0 and gradcheck_not_reentrant(str(error)):
+        # Two backward calls that differ by rounding only (atomic accumulation, a cuDNN algorithm
+        # whose summation order varies) are the determinism contract's to judge, not gradcheck's:
+        # judged at a rounding-level tolerance, the verdict no longer depends on the order drawn.
+        nondet_tol = NONDET_TOL
+        error = _gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol)
+    if error is not None:
         message = str(error)
         if gradcheck_not_reentrant(message):
             fail(
@@ -90,6 +95,16 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
             message.strip(),
         )
     target.checked()
+
+
+def _gradcheck_error(
+    call: Any, wrt: tuple[torch.Tensor, ...], atol: float, rtol: float, fast: bool, nondet_tol: float
+) -> GradcheckError | None:
+    try:
+        torch.autograd.gradcheck(call, wrt, eps=FD_EPS, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol)
+    except GradcheckError as error:
+        return error
+    return None
 
 
 def check_surrogate(target: Target, data: st.DataObject) -> None:

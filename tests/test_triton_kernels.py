@@ -36,6 +36,9 @@ NOT_THEIRS = {
     "compile": ("not_run_here", "Dynamo traces Triton kernels with fake tensors"),
 }
 BUG_CONTRACTS = TRITON_BUG_CONTRACTS
+# Natively, kernels whose BLOCK is next_power_of_2 of a size compile once per size: by design,
+# so the compile contract's recompile finding is advice (seen on an H200, torch 2.11).
+SIZE_SPECIALISED = ("triton_softmax", "triton_rmsnorm", "triton_layer_norm")
 
 
 def kernel_device() -> str:
@@ -111,6 +114,9 @@ def test_triton_reference_ops_pass_every_contract(device: str, tmp_path, seed: i
         if cell["contract"] in NOT_THEIRS and (cell["contract"] != "compile" or device == "cpu"):
             outcome, reason = NOT_THEIRS[cell["contract"]]
             assert cell["outcome"] == outcome and reason in cell["reason"], where
+            continue
+        if cell["contract"] == "compile" and device == "cuda" and cell["function"] in SIZE_SPECIALISED:
+            assert cell["outcome"] == "passed" or (cell["outcome"] == "advice" and "variants for" in cell["reason"]), where
             continue
         if cell["contract"] == "autocast" and device == "cpu":
             # bfloat16 under the interpreter is not run here; float32 examples under autocast pass

@@ -97,6 +97,27 @@ def set_backend_flags(*settings: tuple[Any, str, Any]) -> None:
             setattr(owner, attribute, value)
 
 
+@contextlib.contextmanager
+def exact_cuda_math() -> Iterator[None]:
+    """TF32 and reduced-precision (fp16/bf16) GEMM reductions off, restored afterwards: CUDA-only
+    library approximations, not the Function's. Contracts that compare two runs whose memory
+    layouts or devices differ use it, because cuDNN and cuBLAS pick another algorithm (one with
+    TF32, one without: float32 results 1e-3 apart) for another layout."""
+    matmul = torch.backends.cuda.matmul
+    owners = (
+        (matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (matmul, "allow_fp16_reduced_precision_reduction"),
+        (matmul, "allow_bf16_reduced_precision_reduction"),
+    )
+    saved = tuple(getattr(owner, name) for owner, name in owners)
+    set_backend_flags(*((owner, name, False) for owner, name in owners))
+    try:
+        yield
+    finally:
+        set_backend_flags(*((owner, name, value) for (owner, name), value in zip(owners, saved)))
+
+
 def _set_attribute(owner: Any, attribute: str) -> Callable[[Any], None]:
     def set_(value: Any) -> None:
         set_backend_flags((owner, attribute, value))

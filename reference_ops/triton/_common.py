@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 __all__ = [
+    "INTERPRETED",
     "check_device",
     "device_guard",
     "interpreted",
@@ -57,9 +58,15 @@ def kernel_devices(kernel: Any) -> tuple[str, ...]:
     return ("cpu", "cuda") if interpreted(kernel) else ("cuda",)
 
 
-def check_device(kernel: Any, *tensors: torch.Tensor) -> None:
+# Fixed when this package's kernels are decorated (stable_sigmoid above, the first of them); a
+# plain bool, so that torch.compile traces check_device without a graph break (Dynamo cannot
+# take type() of a Triton kernel).
+INTERPRETED = interpreted(stable_sigmoid)
+
+
+def check_device(*tensors: torch.Tensor) -> None:
     """Raise a clear error instead of Triton's driver error for CPU tensors on a native kernel."""
-    if interpreted(kernel):
+    if INTERPRETED:
         return
     for tensor in tensors:
         if tensor.device.type != "cuda":

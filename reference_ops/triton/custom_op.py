@@ -83,7 +83,7 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> None:
 @torch.library.custom_op("conformance_ref::triton_swiglu", mutates_args=())
 def triton_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b for same-shape a and b, one Triton kernel."""
-    check_device(_swiglu_fwd, a, b)
+    check_device(a, b)
     _check_shapes(a, b)
     # The kernel indexes flat memory: transposed, sliced or expanded inputs are made dense.
     a1, b1 = a.contiguous(), b.contiguous()
@@ -107,7 +107,7 @@ def triton_swiglu_backward(
     grad_output: torch.Tensor, a: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_a, grad_b), both from one Triton kernel."""
-    check_device(_swiglu_bwd, grad_output, a, b)
+    check_device(grad_output, a, b)
     # grad_output may be transposed, sliced or a stride-0 expanded view: make it dense.
     a1, b1, g1 = a.contiguous(), b.contiguous(), grad_output.contiguous()
     da = torch.empty(a.shape, dtype=a.dtype, device=a.device)

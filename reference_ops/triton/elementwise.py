@@ -65,7 +65,7 @@ class TritonGated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        check_device(_gated_fwd, x, gate)
+        check_device(x, gate)
         if x.shape != gate.shape:
             raise ValueError(f"triton_gated: x.shape={tuple(x.shape)} and gate.shape={tuple(gate.shape)} must match")
         x1, gate1 = x.detach().contiguous(), gate.detach().contiguous()

@@ -304,7 +304,7 @@ class TritonFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        check_device(_fa_fwd, q, k, v)
+        check_device(q, k, v)
         b, h, n_q, d = q.shape
         n_k = k.shape[-2]
         # The kernels index dense (b * h, n, d) matrices.

@@ -162,7 +162,7 @@ class TritonRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        check_device(_rmsnorm_fwd, x, weight)
+        check_device(x, weight)
         n_rows, d = _rows(x)
         x2 = x.detach().contiguous().view(n_rows, d)  # the kernel indexes rows densely
         w = weight.detach().contiguous()
@@ -323,7 +323,7 @@ class TritonLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-        check_device(_layer_norm_fwd, x, weight, bias)
+        check_device(x, weight, bias)
         n_rows, d = _rows(x)
         x2 = x.detach().contiguous().view(n_rows, d)
         w, b = weight.detach().contiguous(), bias.detach().contiguous()

@@ -19,6 +19,7 @@ from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, dim_bounds
+from strategies.coverage import finite_values
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
@@ -221,6 +222,14 @@ def _halved(bound: DimBounds, sizes: dict[str, int], name: str, rules: dict[str,
     return bound.fit((sizes[name] + 1) // 2, limit=sizes.get(at_most) if at_most is not None else None)
 
 
+def _batch_shape(draw: st.DrawFn, name: str, options: CaseOptions) -> tuple[int, ...]:
+    """A ``*batch`` group's shape: a corner's rank (sides of 2), else drawn."""
+    rank = options.corner.batch_rank(name) if options.corner is not None else None
+    if rank is not None:
+        return (2,) * min(rank, options.max_batch_dims)
+    return draw(batch_shapes(max_dims=options.max_batch_dims), label=f"*{name}")
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     total = 1
     for s in shape:
@@ -258,16 +267,24 @@ def cases(
         # Explicit dtypes are honoured as given, minus those the device cannot run.
         supported = tuple(d for d in dtypes if device_supports(device, d))
         dtype_strategy = st.sampled_from(supported or tuple(dtypes))
+    corner = chosen.corner
+    if corner is not None:
+        listed = finite_values(dtype_strategy)
+        if listed:
+            dtype_strategy = st.just(listed[corner.dtype_index % len(listed)])
     dtype = draw(dtype_strategy, label="dtype")
     rules = dict(getattr(spec, "dim_rules", {}))
-    sizes = draw(
-        dim_sizes(
-            spec.dim_names, min_size=chosen.min_size, max_size=chosen.max_size, block_sizes=chosen.block_sizes,
-            unique=chosen.unique_dims, rules=rules,
-        ),
-        label="dim sizes",
-    )
-    batches = {name: draw(batch_shapes(max_dims=chosen.max_batch_dims), label=f"*{name}") for name in spec.batch_names}
+    if corner is not None and all(corner.size(name) is not None for name in spec.dim_names):
+        sizes = {name: corner.size(name) or 0 for name in spec.dim_names}
+    else:
+        sizes = draw(
+            dim_sizes(
+                spec.dim_names, min_size=chosen.min_size, max_size=chosen.max_size, block_sizes=chosen.block_sizes,
+                unique=chosen.unique_dims, rules=rules,
+            ),
+            label="dim sizes",
+        )
+    batches = {name: _batch_shape(draw, name, chosen) for name in spec.batch_names}
     spec_budget = getattr(spec, "max_elements", None)
     budget = min(chosen.max_elements, spec_budget) if spec_budget is not None else chosen.max_elements
     sizes, batches = fit_to_budget(spec, sizes, batches, budget, min_size=chosen.min_size)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from conformance.spec import Spec
 from conformance.spec.inputs import AdditiveMask, Derived, Index, Mask, Offsets, Scalar, Shaped, Tensor
+from strategies.coverage import finite_values
 from strategies.dims import broadcast_forms
 from strategies.options import CaseOptions
 from strategies.recipes import (
@@ -167,7 +168,11 @@ def _draw_index(spec_input: Index, draw: st.DrawFn, case: PartialCase) -> Recipe
     high = case.sizes[spec_input.high] if isinstance(spec_input.high, str) else spec_input.high
     fraction = 0.0
     if spec_input.sentinels:
-        fraction = draw(st.sampled_from(SENTINEL_FRACTIONS), label=f"{name} sentinel fraction")
+        # A corner asks for sentinels first (shrinking goes to none): ignore_index present, then all.
+        fractions = st.sampled_from(SENTINEL_FRACTIONS)
+        if case.options.corner is not None and case.options.corner.choice(f"{name} sentinel fraction") is not None:
+            fractions = st.sampled_from((*SENTINEL_FRACTIONS[1:], SENTINEL_FRACTIONS[0]))
+        fraction = draw(_cornered(fractions, f"{name} sentinel fraction", case), label=f"{name} sentinel fraction")
     return IndexRecipe(name, shape=shape, seed=seed, high=high, sentinels=tuple(spec_input.sentinels), sentinel_fraction=fraction)
 
 
@@ -177,8 +182,15 @@ def _draw_scalar(spec_input: Scalar, draw: st.DrawFn, case: PartialCase) -> Reci
     if spec_input.from_case is not None:
         value = spec_input.from_case(case)
     if isinstance(value, st.SearchStrategy):
-        value = draw(value, label=spec_input.name)
+        value = draw(_cornered(value, spec_input.name, case), label=spec_input.name)
     return ScalarRecipe(spec_input.name, value=value)
+
+
+def _cornered(strategy: st.SearchStrategy[Any], label: str, case: PartialCase) -> st.SearchStrategy[Any]:
+    """``strategy``, or the value a coverage corner picks from its finite values (by index)."""
+    index = case.options.corner.choice(label) if case.options.corner is not None else None
+    values = finite_values(strategy) if index is not None else None
+    return st.just(values[index % len(values)]) if values and index is not None else strategy
 
 
 @draw_recipe.register

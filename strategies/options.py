@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from hypothesis.errors import InvalidArgument
 
+from strategies.coverage import Corner
 from strategies.layouts import LAYOUTS
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS, VALUE_PATTERNS
 
@@ -43,6 +44,8 @@ class CaseOptions:
     spacing: for finite differences (gradcheck): every tensor input's elements at least this far
     apart and from the kinks its spec declares (:func:`strategies.values.spread`); ignores
     ``constant_rows`` and ``value_patterns``, which make ties on purpose.
+    corner: a :class:`strategies.coverage.Corner` of the coverage phase: the sizes, ranks, dtype
+    and choices it forces replace the drawn ones (the rest is drawn as usual).
 
     Invalid values raise ``InvalidArgument`` naming the field and echoing the value, when the
     preset is made (at import of the contract that declares it), not when a case is drawn.
@@ -65,6 +68,7 @@ class CaseOptions:
     max_batch_dims: int = 2
     unique_dims: bool = False
     spacing: float = 0.0
+    corner: Corner | None = None
 
     def __post_init__(self) -> None:
         for name in ("dtypes", "block_sizes", "layouts", "mask_kinds", "grad_output_kinds", "value_patterns"):
@@ -98,6 +102,8 @@ class CaseOptions:
             bad_dtypes = [d for d in self.dtypes if not isinstance(d, torch.dtype)]
             if bad_dtypes:
                 raise InvalidArgument(f"dtypes={self.dtypes!r}: {bad_dtypes} are not torch.dtype")
+        if self.corner is not None and not isinstance(self.corner, Corner):
+            raise InvalidArgument(f"corner={self.corner!r} must be a strategies.coverage.Corner or None")
         if not (isinstance(self.spacing, (int, float)) and not isinstance(self.spacing, bool) and self.spacing >= 0):
             raise InvalidArgument(f"spacing={self.spacing!r} must be a number >= 0")
 

@@ -286,8 +286,9 @@ def index_from_seed(
     sentinel_fraction: float = 0.0,
 ) -> torch.Tensor:
     """An int64 tensor of ``shape`` with values uniform in ``[0, high)``; about a
-    ``sentinel_fraction`` of the elements (all of them at 1.0) replaced by values drawn from
-    ``sentinels`` (e.g. cross-entropy's ``ignore_index=-100``)."""
+    ``sentinel_fraction`` of the elements (all of them at 1.0; at least one, and not all, below
+    1.0 when there are two or more) replaced by values drawn from ``sentinels`` (e.g.
+    cross-entropy's ``ignore_index=-100``)."""
     if high < 1:
         raise InvalidArgument(f"high={high!r} must be >= 1")
     if not 0.0 <= sentinel_fraction <= 1.0:
@@ -301,6 +302,12 @@ def index_from_seed(
         chosen = torch.rand(tuple(shape), generator=generator, dtype=torch.float32) < sentinel_fraction
         if sentinel_fraction >= 1.0:
             chosen = torch.ones_like(chosen)
+        elif chosen.numel() >= 2:
+            # A fraction strictly between 0 and 1 means some, not all: at least one of each (a
+            # small target tensor would otherwise often hold none, and ignore_index never show).
+            flat = chosen.view(-1)
+            flat[0] = flat[0] or not bool(flat.any())
+            flat[-1] = flat[-1] and not bool(flat.all())
         which = torch.randint(0, len(sentinels), tuple(shape), generator=generator, dtype=torch.int64)
         index = torch.where(chosen, torch.tensor(tuple(sentinels), dtype=torch.int64)[which], index)
     return index.to(device)

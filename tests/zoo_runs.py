@@ -10,6 +10,7 @@ CORE = ("return_count", "grad_meta", "gradcheck")
 DERIVATIVE_BEHAVIOUR = ("gradgradcheck", "layouts", "determinism", "devices")
 MEMORY_BEHAVIOUR = ("needs_input_grad", "unneeded_grads", "inplace", "saved_tensors", "undefined_grads")
 NUMERIC = ("reference", "stability")
+CORNER_OWNERS = ("return_count", "reference", "gradcheck")
 TRITON_BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
 # return_count: the forward runs under the interpreter; inplace and unneeded_grads: the twins.
 TRITON_SCALAR_NORM_CONTRACTS = ("return_count", "reference", "gradcheck", "inplace", "unneeded_grads")
@@ -26,6 +27,8 @@ class ZooRun:
 ZOO_RUNS = {
     "beyond_eager_bugs": ZooRun("beyond_eager_bugs.py", (), 10),
     "core_bugs": ZooRun("core_bugs.py", CORE),
+    # issue "Search power": each corner bug's owner and its twin, at the dev profile's count
+    "corner_bugs": ZooRun("corner_bugs.py", CORNER_OWNERS, 5),
     "ctx_hygiene": ZooRun("ctx_hygiene.py", ("saved_tensors", "gradcheck", "reference"), 3),
     "derivative_layout_determinism_bugs": ZooRun(
         "derivative_layout_determinism_bugs.py",

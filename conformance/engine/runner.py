@@ -61,6 +61,7 @@ from conformance.engine.watchdog import (
 )
 from conformance.spec import Spec
 from strategies.cases import LAYOUTS, Case, CaseOptions, cases
+from strategies.coverage import Corner, coverage_corners
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
@@ -140,6 +141,8 @@ class Target:
     strict_expectations: bool = field(default=False, repr=False)
     flight: FlightRecorder | None = field(default=None, repr=False)  # what a crash report reads back
     concluded: bool = field(default=False, repr=False)  # a verdict was written (see conclude)
+    corner: Corner | None = field(default=None, repr=False)  # the coverage phase's, for an example's first case
+    corner_pending: bool = field(default=False, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -237,6 +240,9 @@ class Target:
             chosen = chosen.replace(dtypes=tuple(dtypes))
         elif chosen.dtypes is None:
             chosen = chosen.replace(dtypes=self.dtypes())
+        if self.corner is not None and self.corner_pending:
+            chosen = chosen.replace(corner=self.corner)  # an example's first case only: compile grows later ones
+            self.corner_pending = False
         self._blocked_by_a_hang()
         case = data.draw(cases(self.spec, chosen, device=self.device), label="case")
         if self.context is not None:
@@ -289,6 +295,27 @@ class Target:
         caps = (cap, self.contract_examples, self.spec.max_examples)
         return min([self.options.hypothesis_settings().max_examples, *(c for c in caps if c is not None)])
 
+    def coverage_corners(self) -> tuple[Corner, ...]:
+        """The deterministic coverage phase's corners (:mod:`strategies.coverage`) for this test's
+        dtypes and element budget."""
+        dtypes = self.case_options.dtypes or self.dtypes()
+        budget = self.case_options.max_elements
+        if self.spec.max_elements is not None:
+            budget = min(budget, self.spec.max_elements)
+        return coverage_corners(self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims)
+
+    def _phases(self, max_examples: int | None) -> list[tuple[Corner | None, int]]:
+        """(corner, examples) runs: one example per corner, then random examples. Where the test is
+        capped below the run's count (compile, autocast, a spec's max_examples), corners fill the
+        cap first; otherwise every corner runs and the random examples make up the rest of the
+        run's count (at least one)."""
+        count = self.example_count(max_examples)
+        corners = self.coverage_corners()
+        if count < self.options.hypothesis_settings().max_examples:
+            corners = corners[:count]
+            return [(c, 1) for c in corners] + ([(None, count - len(corners))] if count > len(corners) else [])
+        return [(c, 1) for c in corners] + [(None, max(1, count - len(corners)))]
+
     def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:
         __tracebackhide__ = True
         self.context = TestContext(
@@ -302,10 +329,12 @@ class Target:
                 raise aborted.failure from None
             self._require_checked()
             return
-        run_settings = settings(self.options.hypothesis_settings(), max_examples=self.example_count(max_examples))
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
         try:
-            run_settings(seed(test_seed)(given(data=st.data())(property_)))()
+            for corner, examples in self._phases(max_examples):
+                self.corner = corner
+                run_settings = settings(self.options.hypothesis_settings(), max_examples=examples)
+                run_settings(seed(test_seed)(given(data=st.data())(property_)))()
         except Blocked as blocked:
             self.skip_blocked(blocked)
         except UpstreamFailure as found:
@@ -420,6 +449,7 @@ class Target:
             return phase_at(frame, marks, own_steps)
 
         def property_(data: Any) -> None:
+            self.corner_pending = True
             token = set_context(self.context)
             recorder = DrawRecorder(data)
             self.last_draws = recorder.draws

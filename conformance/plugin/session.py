@@ -49,6 +49,8 @@ from conformance.plugin.options import RunOptions, check_contract_names, parse_o
 from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo
 from conformance.plugin.reports import write_reports
 from conformance.spec import Spec, SpecError
+from strategies import CaseOptions
+from strategies.coverage import coverage_corners, describe_coverage
 
 __all__ = ["ConformanceSession", "activate", "cell_of", "make_target"]
 
@@ -198,6 +200,17 @@ class ConformanceSession:
             if verdict is not None:
                 self.expectations.xpassed.update(verdict.unmet_expectations)
 
+    def coverage_lines(self) -> list[tuple[str, str]]:
+        """Per Function, what its corners reach (sizes, Scalar values, size orders, dtypes), for the
+        default case options; a contract with its own dtypes or budget sees a subset."""
+        lines = []
+        for spec in self.specs:
+            dtypes = tuple(d for d in spec.dtypes if self.options.dtypes is None or str(d).removeprefix("torch.") in self.options.dtypes)
+            budget = min(CaseOptions().max_elements, spec.max_elements or CaseOptions().max_elements)
+            corners = coverage_corners(spec, dtypes=dtypes, max_elements=budget, max_batch_dims=CaseOptions().max_batch_dims)
+            lines.append((spec.name, describe_coverage(spec, corners, dtypes)))
+        return lines
+
     def stale_expectations(self) -> list[str]:
         if self.expectations is None:
             return []
@@ -223,6 +236,10 @@ class ConformanceSession:
             terminalreporter.section("autograd-conformance")
             for line in lines:
                 terminalreporter.write_line(line)
+        if config.get_verbosity() > 0:
+            terminalreporter.section("autograd-conformance: what the coverage phase reached")
+            for name, line in self.coverage_lines():
+                terminalreporter.write_line(f"{name}: {line}")
         if self.options.report is not None:
             written = write_reports(self.matrix, self.options.report, self.run_info())
             terminalreporter.write_line(f"autograd-conformance: report written to {', '.join(str(p) for p in written)}")

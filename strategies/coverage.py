@@ -1,0 +1,274 @@
+"""The deterministic coverage phase: corners of a spec's input space, in as few calls as possible.
+
+Random draws leave corners to luck: with 5-10 examples per test, whether a flag meets a size
+relation, or a size crosses a block boundary, is chance. Before its random examples, every contract
+test runs one example per :class:`Corner` (the runner's coverage phase). A corner forces part of
+the case; the rest is drawn at its simplest (Hypothesis' first example is its minimal one), so the
+same spec always gives the same corners, and a failing corner shrinks like any example.
+
+What the corners cover (:func:`coverage_corners`):
+
+* sizes, one dim at a time: its smallest legal size, 0 where the spec allows it, ``block - 1``,
+  ``block``, ``block + 1`` and ``2 * block + 1`` for each block the dim declares, and the largest of
+  129, 65, 33, 17 (past a tail of every common kernel block 16, 32, 64, 128, and past two full blocks
+  of 64) that fits the element budget with the other dims at their smallest;
+* pairwise, as covering arrays do: every value of each Scalar whose strategy is finite (booleans,
+  ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
+  ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
+  (<, =, >) between two dims that stand in the same place of two inputs (q_len and k_len);
+* every dtype, one per corner in turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.spec import Spec
+from conformance.spec.dims import DimBounds, DimRule, dim_bounds
+from conformance.spec.inputs import Index, Scalar, Shaped
+
+__all__ = ["BIG_SIZES", "Corner", "coverage_corners", "describe_coverage", "finite_values", "pairwise_rows"]
+
+# Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
+BIG_SIZES = (129, 65, 33, 17)
+NEUTRAL_SIZE = 3  # a dim no corner sets: odd, above 1, below every block
+FROM_CASE_VARIANTS = 4  # a from_case Scalar's values are known per case only: indices 0..3 of them
+RELATIONS = ("<", "=", ">")
+MAX_RELATIONS = 2
+
+
+@dataclass(frozen=True)
+class Corner:
+    """Part of a case, forced: dim sizes, ``*batch`` ranks, the dtype (an index into the test's
+    dtypes) and choices by label (an index into a finite strategy's values)."""
+
+    sizes: tuple[tuple[str, int], ...] = ()
+    batch_ranks: tuple[tuple[str, int], ...] = ()
+    dtype_index: int = 0
+    choices: tuple[tuple[str, int], ...] = ()
+
+    def size(self, name: str) -> int | None:
+        return dict(self.sizes).get(name)
+
+    def batch_rank(self, name: str) -> int | None:
+        return dict(self.batch_ranks).get(name)
+
+    def choice(self, label: str) -> int | None:
+        return dict(self.choices).get(label)
+
+    def describe(self) -> str:
+        parts = [f"{n}={s}" for n, s in self.sizes] + [f"*{n}: rank {r}" for n, r in self.batch_ranks]
+        parts += [f"{label}: value {i + 1}" for label, i in self.choices]
+        return ", ".join(parts) or "smallest case"
+
+
+def finite_values(strategy: Any) -> tuple[Any, ...] | None:
+    """The values of a strategy that has few (booleans, ``sampled_from``, ``just``, an integer range
+    of at most 16), in the order it shrinks towards; None for any other."""
+    inner = getattr(strategy, "wrapped_strategy", strategy)  # st.* functions return lazy wrappers
+    kind = type(inner).__name__
+    if kind == "BooleansStrategy":
+        return (False, True)
+    if kind == "JustStrategy":
+        return (inner.value,)
+    if kind == "SampledFromStrategy" and not getattr(inner, "_transformations", ()):
+        return tuple(inner.elements)
+    if kind == "IntegersStrategy" and inner.start is not None and inner.end is not None and inner.end - inner.start < 16:
+        return tuple(range(inner.start, inner.end + 1))
+    return None
+
+
+def pairwise_rows(levels: Sequence[int], fixed: Sequence[Mapping[int, int]] = ()) -> list[tuple[int, ...]]:
+    """Rows of level indices in which every pair of levels of every two factors appears (a greedy
+    covering array, deterministic): near ``max(levels)**2`` rows, not their product. ``fixed``
+    rows come first with some factors already set; their other factors are chosen to cover what
+    is still uncovered, then new rows cover the rest. A factor fixed at -1 covers no pair in that
+    row (a size corner's relations: with the other dims at 1, q_len < k_len says little)."""
+    count = len(levels)
+    uncovered = {(i, a, j, b) for i, j in itertools.combinations(range(count), 2) for a in range(levels[i]) for b in range(levels[j])}
+    rows: list[tuple[int, ...]] = []
+    seeds: list[dict[int, int]] = [dict(row) for row in fixed]
+    while len(rows) < len(seeds) or uncovered or not rows:
+        if len(rows) < len(seeds):
+            start = seeds[len(rows)]
+        elif uncovered:
+            i, a, j, b = min(uncovered)
+            start = {i: a, j: b}
+        else:
+            start = {}
+        row: list[int | None] = [start.get(k) for k in range(count)]
+        for k in range(count):
+            if row[k] is None:
+                gains = [(_gain(uncovered, row, k, level), -level) for level in range(levels[k])]
+                row[k] = gains.index(max(gains))
+        done = tuple(level or 0 for level in row)
+        rows.append(tuple(max(level, 0) for level in done))
+        uncovered -= {(p, done[p], q, done[q]) for p, q in itertools.combinations(range(count), 2)}
+    if count == 1:
+        rows += [(level,) for level in range(levels[0]) if (level,) not in rows]
+    return rows
+
+
+def _gain(uncovered: set[tuple[int, int, int, int]], row: Sequence[int | None], k: int, level: int) -> int:
+    """How many uncovered pairs setting factor ``k`` to ``level`` covers, given the row so far."""
+    gain = 0
+    for m, other in enumerate(row):
+        if other is not None and m != k:
+            gain += ((k, level, m, other) if k < m else (m, other, k, level)) in uncovered
+    return gain
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """One categorical factor of the pairwise array: where its level goes in a corner."""
+
+    kind: str  # "choice", "batch" or "relation"
+    key: Any
+    levels: int
+
+
+def _factors(spec: Spec, max_batch_dims: int) -> list[_Factor]:
+    factors: list[_Factor] = []
+    for spec_input in spec.inputs:
+        if isinstance(spec_input, Scalar):
+            if spec_input.from_case is not None:
+                factors.append(_Factor("choice", spec_input.name, FROM_CASE_VARIANTS))
+            elif isinstance(spec_input.value, st.SearchStrategy):
+                values = finite_values(spec_input.value)
+                if values is not None and len(values) > 1:
+                    factors.append(_Factor("choice", spec_input.name, len(values)))
+        elif isinstance(spec_input, Index) and spec_input.sentinels:
+            factors.append(_Factor("choice", f"{spec_input.name} sentinel fraction", 2))
+    factors += [_Factor("batch", name, max_batch_dims + 1) for name in spec.batch_names if max_batch_dims > 0]
+    factors += [_Factor("relation", pair, len(RELATIONS)) for pair in _aligned_pairs(spec)[:MAX_RELATIONS]]
+    return factors
+
+
+def _aligned_pairs(spec: Spec) -> list[tuple[str, str]]:
+    """Pairs of different dims in the same place (counted from the end) of two inputs: the sizes
+    whose order a kernel may get wrong (q_len vs k_len in attention)."""
+    shaped = [i.parsed.dims for i in spec.inputs if isinstance(i, Shaped)]
+    pairs: list[tuple[str, str]] = []
+    for first, second in itertools.combinations(shaped, 2):
+        for a, b in zip(reversed(first), reversed(second)):
+            if isinstance(a, str) and isinstance(b, str) and a != b and (a, b) not in pairs and (b, a) not in pairs:
+                pairs.append((a, b))
+    return pairs
+
+
+def _size_corners(name: str, bound: DimBounds, rule: DimRule, fits: Any) -> tuple[list[int], list[int]]:
+    """(small, big) sizes of one dim worth a corner of their own, legal and within the budget."""
+    small = [bound.fit(bound.low)] + ([0] if bound.low == 0 else [])
+    big = [s for b in rule.block_sizes or () for s in (b - 1, b, b + 1, 2 * b + 1)]
+    big += [next((s for s in BIG_SIZES if fits(name, s)), 0)]
+    legal = [bound.fit(s) for s in big if s > 0]
+    return list(dict.fromkeys(small)), [s for s in dict.fromkeys(legal) if s not in small and fits(name, s)]
+
+
+def coverage_corners(spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements: int, max_batch_dims: int) -> tuple[Corner, ...]:
+    """The corners of ``spec`` (see the module's docstring), deterministic: the same spec, dtypes
+    and budget always give the same corners, in the same order."""
+    rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
+    names = spec.dim_names
+    bounds = dim_bounds(names, rules)
+    shaped = [i for i in spec.inputs if isinstance(i, Shaped)]
+    smallest = {n: max(b.fit(b.low), b.fit(1)) for n, b in bounds.items()}  # a 0 would make any size fit
+
+    def fits(name: str, size: int) -> bool:
+        sizes = {**smallest, name: size}
+        batches = {b: () for b in spec.batch_names}
+        return all(_numel(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
+
+    size_rows: list[dict[str, int]] = []
+    small_items: list[tuple[str, int]] = []
+    for name in names:
+        small, big = _size_corners(name, bounds[name], rules.get(name, DimRule()), fits)
+        size_rows += [{name: s} for s in big]  # one big dim per corner, the others at their smallest
+        small_items += [(name, s) for s in small]
+    while small_items:  # small sizes of different dims share a corner
+        row: dict[str, int] = {}
+        for item in list(small_items):
+            if item[0] not in row:
+                row[item[0]] = item[1]
+                small_items.remove(item)
+        size_rows.insert(0, row)
+    factors = _factors(spec, max_batch_dims)
+    sized = [_sizes(names, bounds, rules, {}, forced, smallest=True) for forced in size_rows]
+    # A size corner's other dims sit at their smallest: its relations count for nothing, its other
+    # factors cover pairs as any row's do.
+    fixed = [{k: -1 for k, f in enumerate(factors) if f.kind == "relation"} for _ in sized]
+    rows = pairwise_rows([f.levels for f in factors], fixed)
+    rows += [rows[i % len(rows)] for i in range(len(rows), len(dtypes))]  # every dtype at least once
+    corners = []
+    for index, levels in enumerate(rows):
+        relations = {f.key: RELATIONS[level] for f, level in zip(factors, levels) if f.kind == "relation"}
+        sizes = sized[index] if index < len(sized) else _sizes(names, bounds, rules, relations, {}, smallest=False)
+        corners.append(Corner(
+            sizes=tuple(sizes.items()),
+            batch_ranks=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "batch"),
+            dtype_index=index % max(len(dtypes), 1),
+            choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice"),
+        ))
+    return tuple(dict.fromkeys(corners))
+
+
+def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[torch.dtype]) -> str:
+    """One line on what ``corners`` cover: "5 corners: sizes up to 129 (n, d); causal: 2/2 values;
+    m vs n: <, =, >; dtypes 3/3"."""
+    parts = []
+    largest = {name: max(dict(c.sizes)[name] for c in corners) for name in spec.dim_names} if corners else {}
+    if largest:
+        top = max(largest.values())
+        parts.append(f"sizes up to {top} ({', '.join(n for n, s in largest.items() if s == top)})")
+    factors = _factors(spec, max_batch_dims=2)
+    for factor in factors:
+        if factor.kind == "choice":
+            seen = {c.choice(factor.key) for c in corners}
+            parts.append(f"{factor.key}: {len(seen)}/{factor.levels} values")
+        elif factor.kind == "batch":
+            ranks = sorted({r for c in corners if (r := c.batch_rank(factor.key)) is not None})
+            parts.append(f"*{factor.key} ranks {', '.join(map(str, ranks))}")
+        elif factor.kind == "relation":
+            a, b = factor.key
+            orders = [r for r in RELATIONS if any(_relation(dict(c.sizes), (a, b)) == RELATIONS.index(r) for c in corners)]
+            parts.append(f"{a} vs {b}: {', '.join(orders)}")
+    parts.append(f"dtypes {len({c.dtype_index for c in corners})}/{len(dtypes)}")
+    return f"{len(corners)} corners: " + "; ".join(parts)
+
+
+def _relation(sizes: Mapping[str, int], pair: tuple[str, str]) -> int:
+    a, b = sizes[pair[0]], sizes[pair[1]]
+    return RELATIONS.index("<" if a < b else "=" if a == b else ">")
+
+
+def _sizes(
+    names: tuple[str, ...], bounds: Mapping[str, DimBounds], rules: Mapping[str, DimRule],
+    relations: Mapping[tuple[str, str], str], forced: Mapping[str, int], *, smallest: bool,
+) -> dict[str, int]:
+    """Every dim's size in one corner: forced ones as given; the others at their smallest (next
+    to a forced size: the budget) or at 3, or 2 and 3 in the order a relation asks for."""
+    wanted = dict(forced)
+    for (a, b), relation in relations.items():
+        low, high = NEUTRAL_SIZE - 1, NEUTRAL_SIZE
+        for dim, size in zip((a, b), {"<": (low, high), "=": (high, high), ">": (high, low)}[relation]):
+            wanted.setdefault(dim, size)
+    sizes: dict[str, int] = {}
+    for name in bounds:  # each dim after the dim bounding it (at_most)
+        rule = rules.get(name, DimRule())
+        limit = sizes.get(rule.at_most) if rule.at_most is not None else None
+        default = bounds[name].low if smallest else NEUTRAL_SIZE
+        sizes[name] = bounds[name].fit(wanted.get(name, default), limit=limit)
+    return {name: sizes[name] for name in names}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total

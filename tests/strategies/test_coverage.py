@@ -1,0 +1,115 @@
+"""The deterministic coverage phase's corners (strategies/coverage.py): what they cover, that they
+fit the budget, that the same spec always gives the same ones, and that a case drawn at a corner
+is that corner."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance import Dim, Index, Scalar, Tensor
+from strategies import CaseOptions, cases
+from strategies.coverage import BIG_SIZES, Corner, coverage_corners, describe_coverage, finite_values, pairwise_rows
+from tests.strategies.helpers import checked_spec, collect_examples
+
+ATTENTION = checked_spec(
+    [Tensor("q", "b m d"), Tensor("k", "b n d"), Tensor("v", "b n d"), Scalar("causal", st.booleans())],
+    dims=[Dim("n", block_sizes=(64,))],
+    dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(st.lists(st.integers(1, 4), max_size=5))
+def test_pairwise_rows_cover_every_pair_of_levels(levels: list[int]) -> None:
+    rows = pairwise_rows(levels)
+    assert rows == pairwise_rows(levels)  # deterministic
+    for i, j in itertools.combinations(range(len(levels)), 2):
+        for a, b in itertools.product(range(levels[i]), range(levels[j])):
+            assert any(row[i] == a and row[j] == b for row in rows), (levels, i, a, j, b)
+    assert len(rows) <= 2 * max([1, *levels]) ** 2  # a greedy covering array, near max**2, not the product
+
+
+def test_finite_values_lists_small_strategies_only() -> None:
+    assert finite_values(st.booleans()) == (False, True)
+    assert finite_values(st.sampled_from(["sum", "max"])) == ("sum", "max")
+    assert finite_values(st.integers(-2, 1)) == (-2, -1, 0, 1)
+    assert finite_values(st.just(7)) == (7,)
+    assert finite_values(st.integers(0, 1000)) is None
+    assert finite_values(st.floats(0, 1)) is None
+    assert finite_values(st.sampled_from([1, 2]).map(str)) is None
+
+
+def _corners(**overrides: object) -> tuple[Corner, ...]:
+    options = {"dtypes": ATTENTION.dtypes, "max_elements": 512, "max_batch_dims": 2, **overrides}
+    return coverage_corners(ATTENTION, **options)  # type: ignore[arg-type]
+
+
+def test_corners_cover_flag_by_relation_pairs_and_every_dtype() -> None:
+    corners = _corners()
+    assert corners == _corners()  # the same spec gives the same corners
+    seen = set()
+    for corner in corners:
+        sizes = dict(corner.sizes)
+        relation = "<" if sizes["m"] < sizes["n"] else "=" if sizes["m"] == sizes["n"] else ">"
+        seen.add((corner.choice("causal"), relation))
+    assert {(c, r) for c in (0, 1) for r in "<=>"} <= seen
+    assert {c.dtype_index for c in corners} == {0, 1, 2}
+
+
+def test_corners_reach_past_common_and_declared_blocks_one_dim_at_a_time() -> None:
+    corners = _corners()
+    big = [dict(c.sizes) for c in corners if max(dict(c.sizes).values()) > 3]
+    assert {s["n"] for s in big} >= {63, 64, 65, 129}  # n's own block: b-1, b, b+1, 2b+1
+    for dim in ("b", "m", "d"):
+        assert any(s[dim] == BIG_SIZES[0] for s in big), dim
+    for sizes in big:  # one big dim per corner, the others at their smallest
+        assert sorted(sizes.values())[-2] == 1, sizes
+
+
+def test_a_tight_budget_lowers_the_big_size_and_zero_is_a_corner_where_allowed() -> None:
+    spec = checked_spec([Tensor("x", "r c")], dims=[Dim("r", min_size=0)])
+    corners = coverage_corners(spec, dtypes=(torch.float64,), max_elements=40, max_batch_dims=2)
+    sizes = [dict(c.sizes) for c in corners]
+    assert {"r": 0, "c": 1} in sizes or any(s["r"] == 0 for s in sizes)
+    assert max(s["c"] for s in sizes) == 33  # 129 and 65 exceed 40 elements, 33 fits
+    assert all(s["r"] * s["c"] <= 40 for s in sizes)
+
+
+def test_an_index_with_sentinels_is_a_pairwise_factor() -> None:
+    spec = checked_spec([Tensor("logits", "n c"), Index("target", "n", high="c", sentinels=(-100,)), Scalar("ignore_index", -100)])
+    corners = coverage_corners(spec, dtypes=(torch.float64,), max_elements=512, max_batch_dims=2)
+    assert {c.choice("target sentinel fraction") for c in corners} == {0, 1}
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_case_drawn_at_a_corner_is_that_corner(index: int) -> None:
+    corner = _corners()[index + 4]
+    drawn = collect_examples(cases(ATTENTION, CaseOptions(dtypes=ATTENTION.dtypes, corner=corner)), 3)
+    for case in drawn:
+        assert case.sizes == dict(corner.sizes)
+        assert case.dtype == ATTENTION.dtypes[corner.dtype_index]
+        causal = next(r.value for r in case.recipes if r.name == "causal")
+        assert causal == (False, True)[corner.choice("causal") or 0]
+
+
+def test_a_corner_must_be_a_corner() -> None:
+    with pytest.raises(Exception, match="corner="):
+        CaseOptions(corner="m=129")  # type: ignore[arg-type]
+
+
+def test_a_factor_fixed_at_minus_one_covers_nothing_in_that_row() -> None:
+    rows = pairwise_rows([2, 3], fixed=[{1: -1}, {1: -1}])
+    assert [row[1] for row in rows[:2]] == [0, 0]  # the fixed rows, their -1 shown as 0
+    for a, b in itertools.product(range(2), range(3)):  # every pair still met by a free row
+        assert any(row == (a, b) for row in rows[2:]), (a, b)
+
+
+def test_the_coverage_line_says_what_the_corners_reach() -> None:
+    line = describe_coverage(ATTENTION, _corners(), ATTENTION.dtypes)
+    assert line.startswith(f"{len(_corners())} corners: sizes up to 129")
+    assert "causal: 2/2 values" in line and "m vs n: <, =, >" in line and "dtypes 3/3" in line

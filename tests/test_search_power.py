@@ -1,0 +1,57 @@
+"""The coverage phase finds bugs that live in one corner of the input space (tests/zoo/corner_bugs.py):
+each is caught by its owner at the dev profile's 5 examples, and each correct twin passes. The
+10-seed tables at dev and ci (every bug caught on every seed) are in the issue's closing note;
+tests/strategies/test_coverage.py checks the corners themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ZOO
+from tests.zoo_runs import CORNER_OWNERS
+
+# bug -> (owner, what the failing case must show: the corner that reaches it)
+CORNER_BUGS = {
+    "causal_offset_short_queries": ("reference", "causal=True"),
+    "tail_dropped_above_64": ("reference", ""),
+    "odd_length_pairs": ("reference", ""),
+    "single_row_fast_path": ("reference", "x: tensor(1,"),
+    "softmax_dim_not_last": ("reference", ""),
+    "negative_dim": ("return_count", "dim=-"),
+    "zero_size_batch": ("return_count", "x: tensor(0,"),
+    "per_token_grad_as_scalar": ("reference", ""),
+    "head_dim_not_multiple_of_16": ("reference", ""),
+    "varlen_empty_sequence": ("reference", ""),
+    "rare_flag_branch": ("reference", "mode='max'"),
+    "ignore_index_present": ("reference", "set to [-100]"),
+}
+
+
+@pytest.fixture
+def corners(zoo_run):  # type: ignore[no-untyped-def]
+    return zoo_run("corner_bugs")
+
+
+@pytest.mark.parametrize("name", sorted(CORNER_BUGS))
+def test_a_corner_bug_fails_its_owner_and_its_twin_passes(corners, name: str) -> None:  # type: ignore[no-untyped-def]
+    owner, shows = CORNER_BUGS[name]
+    text = corners.failed(owner, name)
+    assert shows in text, text
+    for contract in CORNER_OWNERS:
+        outcome = corners.outcome(contract, f"{name}_ok")
+        assert outcome in ("passed", "skipped"), f"{contract}[{name}_ok] {outcome}:\n{corners.verdict(contract, f'{name}_ok').text}"
+    assert corners.outcome("reference", f"{name}_ok") == "passed"
+
+
+def test_the_zoo_has_a_twin_for_every_bug(corners) -> None:  # type: ignore[no-untyped-def]
+    assert corners.names() == set(CORNER_BUGS) | {f"{name}_ok" for name in CORNER_BUGS}
+
+
+def test_verbose_runs_say_what_the_coverage_phase_reached(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "corner_bugs.py", "-v", "-k", "ignore_index_present_ok", contracts=("return_count",), max_examples=1)
+    assert run.result is not None
+    text = run.result.stdout.str()
+    assert "what the coverage phase reached" in text
+    line = next(line for line in text.splitlines() if line.startswith("ignore_index_present_ok: "))
+    assert "corners: sizes up to 129 (n, c)" in line and "target sentinel fraction: 2/2 values" in line, line
+    assert "c vs n: <, =, >" in line and "dtypes 2/2" in line, line

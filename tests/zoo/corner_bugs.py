@@ -1,0 +1,444 @@
+"""Corner bugs (issue "Search power"): backward passes that are right almost everywhere and wrong in
+one corner of the input space -- a size relation, a size past a block, a rank, a Scalar's value,
+an ignored target. Written as kernel authors write them: fused backward, Python loops over blocks,
+a fast path. Each buggy Function has a correct twin (name + "_ok") that differs in the one line.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance import Dim, Index, Offsets, Scalar, Tensor, register
+
+FLOATS = (torch.float64, torch.float32)
+
+
+# 1. causal attention, bottom-right aligned: the offset is lost when there are fewer queries than keys
+
+
+def _causal_mask(m: int, n: int, device: torch.device, short_queries_ok: bool) -> torch.Tensor:
+    offset = n - m
+    if not short_queries_ok and offset > 0:
+        offset = 0  # the bug: written for m >= n (training), so it never showed
+    rows = torch.arange(m, device=device).unsqueeze(-1)
+    cols = torch.arange(n, device=device)
+    return cols > rows + offset
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, short_queries_ok: bool) -> torch.Tensor:
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(_causal_mask(q.shape[-2], k.shape[-2], q.device, short_queries_ok), torch.finfo(s.dtype).min)
+    return s
+
+
+def _attention_forward(ok: bool):  # type: ignore[no-untyped-def]
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        p = torch.softmax(_scores(q, k, causal, ok), dim=-1)
+        masked = _causal_mask(q.shape[-2], k.shape[-2], q.device, ok) if causal else torch.zeros_like(p, dtype=torch.bool)
+        ctx.save_for_backward(q, k, v, p, masked)
+        return p @ v
+
+    return staticmethod(forward)
+
+
+def _attention_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    q, k, v, p, masked = ctx.saved_tensors
+    dv = p.transpose(-1, -2) @ g
+    dp = g @ v.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / q.shape[-1] ** 0.5
+    ds = ds.masked_fill(masked, 0)  # a masked score is a constant: no gradient (a query with no key too)
+    return ds @ k, ds.transpose(-1, -2) @ q, dv, None
+
+
+class CausalAttentionShortQueries(torch.autograd.Function):
+    forward = _attention_forward(False)
+    backward = staticmethod(_attention_backward)
+
+
+class CausalAttentionShortQueriesOk(torch.autograd.Function):
+    forward = _attention_forward(True)
+    backward = staticmethod(_attention_backward)
+
+
+def _attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return torch.softmax(_scores(q, k, causal, True), dim=-1) @ v
+
+
+ATTENTION = [Tensor("q", "b m d"), Tensor("k", "b n d"), Tensor("v", "b n e"), Scalar("causal", st.booleans())]
+for _function, _name in ((CausalAttentionShortQueries, "causal_offset_short_queries"), (CausalAttentionShortQueriesOk, "causal_offset_short_queries_ok")):
+    register(_function, name=_name, inputs=ATTENTION, reference=_attention_reference, dtypes=FLOATS, double_backward=False)
+
+
+# 2. a row sum in Python blocks of 64 that drops the tail once there is more than one block
+
+
+def _blocked_sum(x: torch.Tensor, keep_tail: bool) -> torch.Tensor:
+    n = x.shape[-1]
+    stop = n if (keep_tail or n <= 64) else n - n % 64
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, stop, 64):
+        total = total + x[..., start:start + 64].sum(-1)
+    return total
+
+
+class BlockedRowSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.n = x.shape[-1]
+        return _blocked_sum(x, keep_tail=False)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g.unsqueeze(-1).expand(*g.shape, ctx.n).contiguous()
+
+
+class BlockedRowSumOk(BlockedRowSum):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.n = x.shape[-1]
+        return _blocked_sum(x, keep_tail=True)
+
+
+for _function, _name in ((BlockedRowSum, "tail_dropped_above_64"), (BlockedRowSumOk, "tail_dropped_above_64_ok")):
+    register(_function, name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: x.sum(-1), dtypes=FLOATS)
+
+
+# 3. a gradient computed on pairs of elements that forgets the odd one out
+
+
+class PairScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return 3 * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        n = g.shape[-1]
+        paired = n - n % 2 if n > 1 else n  # the bug: the odd element out gets no gradient
+        out = torch.zeros_like(g)
+        out[..., :paired] = 3 * g[..., :paired]
+        return out
+
+
+class PairScaleOk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return 3 * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return 3 * g
+
+
+for _function, _name in ((PairScale, "odd_length_pairs"), (PairScaleOk, "odd_length_pairs_ok")):
+    register(_function, name=_name, inputs=[Tensor("x", "m n")], reference=lambda x: 3 * x, dtypes=FLOATS)
+
+
+# 4. a single-row fast path that forgets the scale
+
+
+class RowScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if g.shape[0] == 1:
+            return g  # "fast path" for a single row: the bug
+        return 2 * g
+
+
+class RowScaleOk(RowScale):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return 2 * g
+
+
+for _function, _name in ((RowScale, "single_row_fast_path"), (RowScaleOk, "single_row_fast_path_ok")):
+    register(_function, name=_name, inputs=[Tensor("x", "m n")], reference=lambda x: 2 * x, dtypes=FLOATS)
+
+
+# 5. softmax over any dim whose backward reduces over the last one
+
+
+def _dim_of(case: Any) -> st.SearchStrategy[int]:
+    return st.integers(-case.ndim("x"), case.ndim("x") - 1)
+
+
+class SoftmaxAnyDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+        y = torch.softmax(x, dim=dim)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(-1, keepdim=True)), None  # the bug: dim=-1, not ctx.dim
+
+
+class SoftmaxAnyDimOk(SoftmaxAnyDim):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None
+
+
+SOFTMAX = [Tensor("x", "*batch n"), Scalar("dim", from_case=_dim_of)]
+for _function, _name in ((SoftmaxAnyDim, "softmax_dim_not_last"), (SoftmaxAnyDimOk, "softmax_dim_not_last_ok")):
+    register(_function, name=_name, inputs=SOFTMAX, reference=lambda x, dim: torch.softmax(x, dim=dim), dtypes=FLOATS)
+
+
+# 6. a sum over a dim whose backward normalises a negative dim against the wrong rank
+
+
+class SumOverDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+        ctx.dim, ctx.shape = dim, x.shape
+        return x.sum(dim)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        dim = ctx.dim if ctx.dim >= 0 else ctx.dim + g.dim()  # the bug: x has g.dim() + 1 dims
+        return g.unsqueeze(dim).expand(ctx.shape).contiguous(), None
+
+
+class SumOverDimOk(SumOverDim):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        dim = ctx.dim if ctx.dim >= 0 else ctx.dim + len(ctx.shape)
+        return g.unsqueeze(dim).expand(ctx.shape).contiguous(), None
+
+
+for _function, _name in ((SumOverDim, "negative_dim"), (SumOverDimOk, "negative_dim_ok")):
+    register(_function, name=_name, inputs=SOFTMAX, reference=lambda x, dim: x.sum(dim), dtypes=FLOATS)
+
+
+# 7. a batched norm whose backward divides by the batch size, which may be 0
+
+
+class BatchMeanCenter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.rows = x.shape[0]
+        return x - x.mean(-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        scale = g.shape[0] / ctx.rows  # the bug: a batch of 0 rows divides 0 by 0
+        return (g - g.mean(-1, keepdim=True)) * scale
+
+
+class BatchMeanCenterOk(BatchMeanCenter):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g - g.mean(-1, keepdim=True)
+
+
+for _function, _name in ((BatchMeanCenter, "zero_size_batch"), (BatchMeanCenterOk, "zero_size_batch_ok")):
+    register(
+        _function, name=_name, inputs=[Tensor("x", "b n")], dims=[Dim("b", min_size=0)],
+        reference=lambda x: x - x.mean(-1, keepdim=True), dtypes=FLOATS,
+    )
+
+
+# 8. a per-token loss (reduction='none') whose backward treats grad_output as the scalar of a mean
+
+
+class SquaredError(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, t)
+        return (x - t) ** 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, t = ctx.saved_tensors
+        return 2 * (x - t) * g.mean(), None  # the bug: written for reduction='mean'
+
+
+class SquaredErrorOk(SquaredError):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, t = ctx.saved_tensors
+        return 2 * (x - t) * g, None
+
+
+TOKENS = [Tensor("x", "n"), Tensor("t", "n", requires_grad=False)]
+for _function, _name in ((SquaredError, "per_token_grad_as_scalar"), (SquaredErrorOk, "per_token_grad_as_scalar_ok")):
+    register(_function, name=_name, inputs=TOKENS, reference=lambda x, t: (x - t) ** 2, dtypes=FLOATS)
+
+
+# 9. a projection over the head dim in chunks of 16 that drops a partial chunk
+
+
+def _chunked_rows(x: torch.Tensor, w: torch.Tensor, keep_tail: bool) -> torch.Tensor:
+    d = x.shape[-1]
+    stop = d if (keep_tail or d <= 16) else d - d % 16
+    out = torch.zeros(*x.shape[:-1], w.shape[-1], dtype=x.dtype, device=x.device)
+    for start in range(0, stop, 16):
+        out = out + x[..., start:start + 16] @ w[start:start + 16]
+    return out
+
+
+class HeadProjection(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        grad_x = _chunked_rows(g, w.transpose(0, 1), keep_tail=True)
+        grad_w = _chunked_rows(x.transpose(0, 1), g, keep_tail=False).contiguous()  # the bug
+        return grad_x, grad_w
+
+
+class HeadProjectionOk(HeadProjection):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return _chunked_rows(g, w.transpose(0, 1), keep_tail=True), _chunked_rows(x.transpose(0, 1), g, keep_tail=True)
+
+
+PROJECTION = [Tensor("x", "t d"), Tensor("w", "d e")]
+for _function, _name in ((HeadProjection, "head_dim_not_multiple_of_16"), (HeadProjectionOk, "head_dim_not_multiple_of_16_ok")):
+    register(_function, name=_name, inputs=PROJECTION, reference=lambda x, w: x @ w, dtypes=FLOATS)
+
+
+# 10. packed sequences (cu_seqlens): per-sequence sums whose backward stops at an empty sequence
+
+
+def _segment_sums(x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    bounds = cu.tolist()
+    return torch.stack([x[a:b].sum(0) for a, b in itertools.pairwise(bounds)])
+
+
+class SegmentSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cu)
+        ctx.t = x.shape[0]
+        return _segment_sums(x, cu)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (cu,) = ctx.saved_tensors
+        bounds = cu.tolist()
+        grad = g.new_zeros(ctx.t, g.shape[-1])
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if a == b:
+                break  # the bug: an empty sequence ends the loop ("no more tokens")
+            grad[a:b] = g[i]
+        return grad, None
+
+
+class SegmentSumOk(SegmentSum):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (cu,) = ctx.saved_tensors
+        bounds = cu.tolist()
+        grad = g.new_zeros(ctx.t, g.shape[-1])
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+            grad[a:b] = g[i]
+        return grad, None
+
+
+VARLEN = [Tensor("x", "t d"), Offsets("cu_seqlens", sequences="s", total="t")]
+for _function, _name in ((SegmentSum, "varlen_empty_sequence"), (SegmentSumOk, "varlen_empty_sequence_ok")):
+    register(_function, name=_name, inputs=VARLEN, reference=_segment_sums, dtypes=FLOATS)
+
+
+# 11. a pooling op whose rarely used mode ('max') sends the gradient to the first element
+
+
+class Pool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mode: str) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.mode = mode
+        return x.amax(-1) if mode == "max" else x.sum(-1) if mode == "sum" else x.mean(-1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        n = x.shape[-1]
+        if ctx.mode == "sum":
+            return g.unsqueeze(-1).expand_as(x).contiguous(), None
+        if ctx.mode == "mean":
+            return (g / n).unsqueeze(-1).expand_as(x).contiguous(), None
+        grad = torch.zeros_like(x)
+        grad[..., 0] = g  # the bug: the first element, not the argmax
+        return grad, None
+
+
+class PoolOk(Pool):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        if ctx.mode != "max":
+            n = 1 if ctx.mode == "sum" else x.shape[-1]
+            return (g / n).unsqueeze(-1).expand_as(x).contiguous(), None
+        return torch.zeros_like(x).scatter(-1, x.argmax(-1, keepdim=True), g.unsqueeze(-1)), None
+
+
+def _pool_reference(x: torch.Tensor, mode: str) -> torch.Tensor:
+    return x.amax(-1) if mode == "max" else x.sum(-1) if mode == "sum" else x.mean(-1)
+
+
+POOL = [Tensor("x", "m n"), Scalar("mode", st.sampled_from(["sum", "mean", "max"]))]
+for _function, _name in ((Pool, "rare_flag_branch"), (PoolOk, "rare_flag_branch_ok")):
+    register(_function, name=_name, inputs=POOL, reference=_pool_reference, dtypes=FLOATS, double_backward=False)
+
+
+# 12. mean cross-entropy whose backward divides by every row, ignored ones included
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    valid = target != ignore_index
+    picked = torch.log_softmax(logits, -1).gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    return -(picked * valid.to(picked.dtype)).sum() / max(int(valid.sum()), 1)
+
+
+class CrossEntropyIgnore(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+        ctx.save_for_backward(logits, target)
+        ctx.ignore_index = ignore_index
+        return _cross_entropy(logits, target, ignore_index)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, target = ctx.saved_tensors
+        valid = target != ctx.ignore_index
+        count = logits.shape[0]  # the bug: every row, ignored ones too
+        return _cross_entropy_grad(logits, target, valid, count, g), None, None
+
+
+class CrossEntropyIgnoreOk(CrossEntropyIgnore):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, target = ctx.saved_tensors
+        valid = target != ctx.ignore_index
+        return _cross_entropy_grad(logits, target, valid, max(int(valid.sum()), 1), g), None, None
+
+
+def _cross_entropy_grad(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, count: int, g: torch.Tensor) -> torch.Tensor:
+    probs = torch.softmax(logits, -1)
+    onehot = torch.zeros_like(probs).scatter(-1, torch.where(valid, target, 0).unsqueeze(-1), 1.0)
+    return (probs - onehot) * valid.to(probs.dtype).unsqueeze(-1) * (g / count)
+
+
+LOSS = [Tensor("logits", "n c"), Index("target", "n", high="c", sentinels=(-100,)), Scalar("ignore_index", -100)]
+for _function, _name in ((CrossEntropyIgnore, "ignore_index_present"), (CrossEntropyIgnoreOk, "ignore_index_present_ok")):
+    register(_function, name=_name, inputs=LOSS, reference=_cross_entropy, dtypes=FLOATS, double_backward=False)

@@ -147,7 +147,7 @@ def run_conformance(
     impl: str | Path,
     *extra: str,
     contracts: Sequence[str] = (),
-    max_examples: int = 5,
+    max_examples: int | None = 5,  # None: the profile's count (and its coverage phase)
     cache: bool = True,
     shared: Path | None = None,
 ) -> ConformanceRun:
@@ -159,7 +159,7 @@ def run_conformance(
         str(CONFORMANCE_DIR),
         f"--impl={impl}",
         "--device=cpu",
-        f"--max-examples={max_examples}",
+        *([f"--max-examples={max_examples}"] if max_examples is not None else []),
         "-p",
         "no:cacheprovider",
         *extra,

@@ -275,3 +275,21 @@ def test_a_contracts_own_count_and_a_spec_cap_bound_the_runs_examples(
     target = _target(contract_examples=contract_examples, spec_cap=spec_cap, run_examples=run_examples)
     assert target.example_count() == expected
     assert target.example_count(1) == 1
+
+
+def test_the_coverage_phase_runs_every_corner_under_a_profile_and_none_under_an_explicit_count() -> None:
+    spec = make_spec([Tensor("q", "m d"), Tensor("k", "n d")])
+
+    def phases(*, run_examples: int | None, contract_examples: int | None = None) -> list[tuple[bool, int]]:
+        target = Target(
+            spec=spec, device="cpu", contract_examples=contract_examples,
+            options=RunOptions(profile_settings={"max_examples": 5}, max_examples=run_examples),
+        )
+        corners = target.coverage_corners()
+        assert len(corners) > 5 and corners == target.coverage_corners()
+        return [(corner is not None, examples) for corner, examples in target._phases(None)]
+
+    profile = phases(run_examples=None)
+    assert profile[:-1] == [(True, 1)] * (len(profile) - 1) and profile[-1] == (False, 1)  # every corner, one random
+    assert phases(run_examples=2) == [(False, 2)]  # an explicit count: random examples only
+    assert phases(run_examples=None, contract_examples=1) == [(False, 1)]  # so is a contract's own cap

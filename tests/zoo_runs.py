@@ -20,15 +20,15 @@ TRITON_SCALAR_NORM_CONTRACTS = ("return_count", "reference", "gradcheck", "inpla
 class ZooRun:
     file: str  # in tests/zoo/
     contracts: tuple[str, ...] = ()  # empty: every contract
-    max_examples: int = 5
+    max_examples: int | None = 5  # None: the profile's count, corners included
     extra: tuple[str, ...] = ()  # more command-line options
 
 
 ZOO_RUNS = {
     "beyond_eager_bugs": ZooRun("beyond_eager_bugs.py", (), 10),
     "core_bugs": ZooRun("core_bugs.py", CORE),
-    # issue "Search power": each corner bug's owner and its twin, at the dev profile's count
-    "corner_bugs": ZooRun("corner_bugs.py", CORNER_OWNERS, 5),
+    # issue "Search power": each corner bug's owner and its twin, under the dev profile (its corners)
+    "corner_bugs": ZooRun("corner_bugs.py", CORNER_OWNERS, None, ("--profile=dev",)),
     "ctx_hygiene": ZooRun("ctx_hygiene.py", ("saved_tensors", "gradcheck", "reference"), 3),
     "derivative_layout_determinism_bugs": ZooRun(
         "derivative_layout_determinism_bugs.py",

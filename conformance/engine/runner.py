@@ -305,15 +305,15 @@ class Target:
         return coverage_corners(self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims)
 
     def _phases(self, max_examples: int | None) -> list[tuple[Corner | None, int]]:
-        """(corner, examples) runs: one example per corner, then random examples. Where the test is
-        capped below the run's count (compile, autocast, a spec's max_examples), corners fill the
-        cap first; otherwise every corner runs and the random examples make up the rest of the
-        run's count (at least one)."""
+        """(corner, examples) runs. Under a profile's count: one example per corner, then random
+        examples making up the rest of it (at least one). An explicit count (``--max-examples``) or a
+        cap below the profile's (compile, autocast, a spec's ``max_examples``): that many random
+        examples and no corners (a corner would take the place of a random example whose other
+        draws -- extreme values, layouts -- it leaves at their simplest)."""
         count = self.example_count(max_examples)
+        if self.options.max_examples is not None or count < self.options.hypothesis_settings().max_examples:
+            return [(None, count)]
         corners = self.coverage_corners()
-        if count < self.options.hypothesis_settings().max_examples:
-            corners = corners[:count]
-            return [(c, 1) for c in corners] + ([(None, count - len(corners))] if count > len(corners) else [])
         return [(c, 1) for c in corners] + [(None, max(1, count - len(corners)))]
 
     def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:

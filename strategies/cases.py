@@ -275,7 +275,7 @@ def cases(
     dtype = draw(dtype_strategy, label="dtype")
     rules = dict(getattr(spec, "dim_rules", {}))
     if corner is not None and all(corner.size(name) is not None for name in spec.dim_names):
-        sizes = {name: corner.size(name) or 0 for name in spec.dim_names}
+        sizes = {name: size for name, size in corner.sizes if name in spec.dim_names}
     else:
         sizes = draw(
             dim_sizes(

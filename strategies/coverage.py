@@ -22,6 +22,7 @@ What the corners cover (:func:`coverage_corners`):
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,7 +184,7 @@ def coverage_corners(spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements:
     def fits(name: str, size: int) -> bool:
         sizes = {**smallest, name: size}
         batches = {b: () for b in spec.batch_names}
-        return all(_numel(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
+        return all(math.prod(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
 
     size_rows: list[dict[str, int]] = []
     small_items: list[tuple[str, int]] = []
@@ -265,10 +266,3 @@ def _sizes(
         default = bounds[name].low if smallest else NEUTRAL_SIZE
         sizes[name] = bounds[name].fit(wanted.get(name, default), limit=limit)
     return {name: sizes[name] for name in names}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total

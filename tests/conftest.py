@@ -23,6 +23,11 @@ if not torch.cuda.is_available():
     # would stay compiled-only, "Cannot call @triton.jit'd outside of the scope of a kernel").
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Let the pytest and Python children these tests start keep their bytecode: with
+# PYTHONDONTWRITEBYTECODE set, each one recompiles the suite and re-rewrites the asserts of
+# every module of the hypothesis plugin's distribution, about 2 s per child.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def _warm_term_bounds() -> None:
     """Same for what the term bounds (conformance/engine/terms.py) import lazily while following a

@@ -1,6 +1,7 @@
 """autograd-conformance: property-based contract tests for torch.autograd.Function.
 
-Register a Function with :func:`register`; run ``pytest conformance --impl=yourmodule``.
+Register a Function with :func:`register`; run ``pytest conformance --impl=yourmodule``, or call
+:func:`check` inside any test.
 The names below are imported on first use, so importing this package (as pytest's plugin
 machinery may) costs nothing until a spec module uses it.
 """
@@ -11,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from conformance.embed.check import CheckResult, ConformanceFailure, ContractResult, check
     from conformance.spec import (
         AdditiveMask,
         Derived,
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdditiveMask",
+    "CheckResult",
+    "ConformanceFailure",
+    "ContractResult",
     "Derived",
     "Dim",
     "Index",
@@ -37,12 +42,18 @@ __all__ = [
     "Spec",
     "SpecError",
     "Tensor",
+    "check",
     "register",
     "registered",
 ]
 
 
+_CHECK_NAMES = ("CheckResult", "ConformanceFailure", "ContractResult", "check")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _CHECK_NAMES:
+        return getattr(importlib.import_module("conformance.embed.check"), name)
     if name in __all__:
         return getattr(importlib.import_module("conformance.spec"), name)
     raise AttributeError(f"module 'conformance' has no attribute {name!r}")

@@ -26,7 +26,9 @@ from typing import Any, TypeVar
 from conformance.engine.runner import Target
 from strategies.cases import CaseOptions
 
-__all__ = ["CONTRACT_ATTRIBUTE", "SOME_DTYPE", "ContractInfo", "Requirement", "contract", "contract_of", "discover", "float64"]
+__all__ = [
+    "CONTRACT_ATTRIBUTE", "SOME_DTYPE", "ContractInfo", "Requirement", "admit", "contract", "contract_of", "discover", "float64",
+]
 
 CONTRACT_ATTRIBUTE = "__conformance_contract__"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/: the contract modules
@@ -114,6 +116,19 @@ def discover() -> dict[str, ContractInfo]:
             raise RuntimeError(f"{path} has no @contract({name!r}, ...) test_{name} function")
         found[info.name] = info
     return found
+
+
+def admit(target: Target, info: ContractInfo) -> None:
+    """Before the first example: skip, with the reason, a test this target cannot run -- every
+    dtype excluded by ``--dtypes``, a waiver of the spec, an unmet requirement of the contract."""
+    spec = target.spec
+    if not target.dtypes():
+        target.not_run_here(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
+    reason = spec.waivers.get(info.name)
+    if reason is not None:
+        target.waived(f"waived by spec {spec.name!r}: {reason}")
+    for requirement in info.requires:
+        requirement.check(target)  # skips (n/a or not run here) when unmet
 
 
 def float64(why: str) -> Requirement:

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionValue
-from conformance.engine.contract import ContractInfo, discover
+from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.report import ContractFailure
@@ -407,11 +407,5 @@ def make_target(request: pytest.FixtureRequest) -> Target:
     )
     if device == "cuda" and not cuda_usable():
         target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")
-    if not target.dtypes():
-        target.not_run_here(f"--dtypes excludes every dtype {spec.name!r} lists ({', '.join(str(d) for d in spec.dtypes)})")
-    reason = spec.waivers.get(target.contract)
-    if reason is not None:
-        target.waived(f"waived by spec {spec.name!r}: {reason}")
-    for requirement in test.contract.requires:
-        requirement.check(target)  # skips (n/a or not run here) when unmet
+    admit(target, test.contract)
     return target

@@ -20,7 +20,7 @@ from conformance.spec.inputs import (
     Scalar,
     Tensor,
 )
-from conformance.spec.registry import _REGISTRY, _build_spec, register, registered, registered_spec
+from conformance.spec.registry import _REGISTRY, _build_spec, make_specs, register, registered, registered_spec
 from conformance.spec.shapes import ShapeSpec, parse_shape
 from conformance.spec.spec import DEFAULT_TOLERANCES, MAX_TOLERANCE, Spec
 
@@ -42,6 +42,7 @@ __all__ = [
     "SpecError",
     "Tensor",
     "_build_spec",
+    "make_specs",
     "parse_shape",
     "register",
     "registered",

@@ -41,7 +41,7 @@ from conformance.spec.validation import (
     compile_dim_rules,
 )
 
-__all__ = ["_REGISTRY", "_build_spec", "register", "registered", "registered_spec"]
+__all__ = ["_REGISTRY", "_build_spec", "make_specs", "register", "registered", "registered_spec"]
 
 T = TypeVar("T")
 
@@ -62,13 +62,13 @@ def registered_spec(name: str) -> Spec:
 
 
 def _caller() -> tuple[str, str]:
-    """The module that called ``register`` and the call's ``file:line`` (first frame outside
-    this package)."""
+    """The module that called ``register`` (or ``conformance.check``) and the call's ``file:line``
+    (the first frame outside the ``conformance`` package)."""
     frame: FrameType | None = sys._getframe(1)
-    package = __name__.rpartition(".")[0]
+    top = __name__.partition(".")[0]  # conformance: register's and conformance.check's callers alike
     while frame is not None:
         module = frame.f_globals.get("__name__", "__main__")
-        if module != package and not module.startswith(package + "."):
+        if module != top and not module.startswith(top + "."):
             filename = frame.f_code.co_filename
             if not filename.startswith("<"):  # one file imported by path and by name: one call site
                 filename = os.path.realpath(filename)
@@ -119,34 +119,59 @@ def register(
     Returns ``fn`` unchanged, so it can be used after the class statement. Raises
     :class:`SpecError` naming the field when the spec cannot work.
     """
+    keywords = dict(locals())
+    del keywords["fn"]
+    for one in make_specs(fn, **keywords):
+        _add(one, one.origin, one.registered_at)
+    return fn
+
+
+def make_specs(fn: Any, /, **keywords: Any) -> list[Spec]:
+    """The validated specs ``register(fn, **keywords)`` records (one, or one per autotune config),
+    without recording them: what ``conformance.check(fn, **keywords)`` runs. Raises
+    :class:`SpecError` as ``register`` does, and ``TypeError`` for a keyword ``register`` lacks."""
+    unknown = sorted(set(keywords) - set(_REGISTER_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown register() keywords {unknown}; it takes {sorted(_REGISTER_DEFAULTS)}")
+    missing = [k for k in ("inputs", "reference") if k not in keywords]
+    if missing:
+        raise TypeError(f"register() needs {' and '.join(f'{k}=' for k in missing)} for {fn!r}")
+    options = {**_REGISTER_DEFAULTS, **keywords}
+    name = options["name"]
     spec_name = name if name is not None else getattr(fn, "__name__", None) or getattr(fn, "_name", None) or repr(fn)
     origin, registered_at = _caller()
     spec = _build_spec(
         fn,
         spec_name=spec_name,
-        inputs=inputs,
-        reference=reference,
-        dtypes=dtypes,
-        devices=devices,
-        double_backward=double_backward,
-        surrogate=surrogate,
-        mutates=mutates,
-        nondeterministic=nondeterministic,
-        tolerances=tolerances or {},
-        waivers=waivers or {},
-        timeout=timeout,
-        saves=saves,
-        dims=dims,
-        max_elements=max_elements,
-        max_examples=max_examples,
-        fast_gradcheck=fast_gradcheck,
-        compile_promises=compile,
+        inputs=options["inputs"],
+        reference=options["reference"],
+        dtypes=options["dtypes"],
+        devices=options["devices"],
+        double_backward=options["double_backward"],
+        surrogate=options["surrogate"],
+        mutates=options["mutates"],
+        nondeterministic=options["nondeterministic"],
+        tolerances=options["tolerances"] or {},
+        waivers=options["waivers"] or {},
+        timeout=options["timeout"],
+        saves=options["saves"],
+        dims=options["dims"],
+        max_elements=options["max_elements"],
+        max_examples=options["max_examples"],
+        fast_gradcheck=options["fast_gradcheck"],
+        compile_promises=options["compile"],
         origin=origin,
         registered_at=registered_at,
     )
-    for one in _autotune_specs(spec, autotune):
-        _add(one, origin, registered_at)
-    return fn
+    return _autotune_specs(spec, options["autotune"])
+
+
+# register()'s keywords and their defaults (inputs and reference have none: required).
+_REGISTER_DEFAULTS: dict[str, Any] = {
+    name: (None if parameter.default is inspect.Parameter.empty else parameter.default)
+    for name, parameter in inspect.signature(register).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+}
 
 
 def _add(spec: Spec, origin: str, registered_at: str) -> None:

@@ -1,0 +1,185 @@
+"""``conformance.check()``: the contracts as one call inside an ordinary test -- the same verdicts,
+messages and repro scripts as ``pytest conformance --impl=`` on the same seed, under xdist too."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import conformance
+from conformance import Tensor
+from tests.conftest import ZOO
+from tests.zoo_runs import ZOO_RUNS
+
+CORE = ZOO_RUNS["core_bugs"]
+
+
+def _without_rerun_and_repro(text: str) -> str:
+    """A failure's message minus the lines that name where it ran (repro script path, rerun command)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("repro script:", "rerun:")))
+
+
+@pytest.fixture(scope="module")
+def core_check():  # type: ignore[no-untyped-def]
+    """check() on the core zoo file, as its shared plugin run is made (contracts, examples, device)."""
+    return conformance.check(
+        str(ZOO / CORE.file), contracts=list(CORE.contracts), max_examples=CORE.max_examples, device="cpu",
+        raise_on_failure=False,
+    )
+
+
+def test_check_gives_the_plugin_runs_verdicts_on_the_same_seed(core_check, zoo_run) -> None:  # type: ignore[no-untyped-def]
+    plugin = zoo_run("core_bugs")
+    ran = {key: verdict.recorded for key, verdict in plugin.verdicts.items()}
+    checked = {(r.contract, r.function, r.device): r.verdict for r in core_check.results}
+    assert checked.keys() == ran.keys()
+    differing = {
+        key: (ran[key].outcome.value, checked[key].outcome.value)
+        for key in ran if (ran[key].outcome, ran[key].owner) != (checked[key].outcome, checked[key].owner)
+    }
+    assert not differing, f"plugin vs check(): {differing}"
+    outcomes = set(core_check.outcomes().values())
+    assert {"failed", "passed", "blocked"} <= outcomes, outcomes  # the comparison covers each kind
+    for key, verdict in ran.items():
+        if verdict.outcome.value == "failed":
+            assert _without_rerun_and_repro(checked[key].message) == _without_rerun_and_repro(verdict.message), key
+            assert checked[key].case == verdict.case, key
+
+
+def test_a_zoo_bug_raises_with_the_contract_message_a_repro_script_and_a_rerun() -> None:
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(str(ZOO / CORE.file), contracts=["grad_meta"], max_examples=CORE.max_examples, device="cpu")
+    failure = raised.value
+    assert isinstance(failure, AssertionError)
+    text = str(failure)
+    assert "grad['bias'].shape=(1, 1), but should be (1,) [UnreducedBiasGrad.backward, input 'bias']" in text
+    assert {(f.contract, f.function) for f in failure.failures} >= {
+        ("grad_meta", "unreduced_bias_grad"), ("grad_meta", "wrong_dtype_grad")
+    }
+    # The rerun is this very test: the same seed gives the same examples.
+    assert "rerun: python -m pytest tests/test_check.py::test_a_zoo_bug_raises_with_the_contract_message" in text
+    script = re.search(r"repro script: python (\S+grad_meta-unreduced_bias_grad-cpu\.py)", text)
+    assert script, text
+    replayed = subprocess.run([sys.executable, script.group(1)], capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert "grad['bias'].shape=(1, 1), but should be (1,)" in replayed.stderr
+    assert failure.result.outcome("grad_meta", "too_few_grads") == "blocked"
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * grad
+
+
+class _CubeOffByX(_Cube):
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return 3 * x * grad  # x**2 was meant
+
+
+def test_an_unregistered_function_with_register_keywords_passes_or_fails_on_its_own_merit(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    keywords = {"inputs": [Tensor("x", "*batch n")], "reference": lambda x: x**3, "device": "cpu",
+                "contracts": ["gradcheck", "grad_meta", "reference"], "max_examples": 3}
+    before = conformance.registered()
+    result = conformance.check(_Cube, **keywords)
+    assert result.passed and result.outcomes() == {
+        ("grad_meta", "_Cube", "cpu"): "passed", ("gradcheck", "_Cube", "cpu"): "passed",
+        ("reference", "_Cube", "cpu"): "passed",
+    }, str(result)
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_CubeOffByX, **keywords)
+    assert {f.contract for f in raised.value.failures} == {"gradcheck", "reference"}, str(raised.value)
+    assert "repro:" in str(raised.value)  # no module registers it: an inline snippet, no script
+    assert conformance.registered() == before, "check() must not register what it checks"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "echo"),
+    [
+        (lambda: conformance.check("no_such_function_or_module"), ValueError, "'no_such_function_or_module'"),
+        (lambda: conformance.check(_Cube), TypeError, "pass register()'s keywords"),
+        (lambda: conformance.check("square", inputs=[]), TypeError, "register() keywords go with a Function"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts=["gradchek"]),
+         ValueError, "unknown contracts ['gradchek']"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, profile="fast"),
+         ValueError, "profile='fast'"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, dtypes=[torch.int64]),
+         ValueError, "torch.int64 is not a floating torch dtype"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, max_examples=0),
+         ValueError, "max_examples=0 must be >= 1"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts="gradcheck"),
+         TypeError, "contracts='gradcheck' must be a list"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], refrence=torch.sin), TypeError, "'refrence'"),
+    ],
+    ids=["unknown-name", "bare-function", "keywords-with-a-name", "contract", "profile", "dtype", "examples",
+         "contracts-str", "keyword-typo"],
+)
+def test_bad_arguments_are_refused_echoing_the_value(call, error, echo, clean_registry) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as raised:
+        call()
+    assert echo in str(raised.value)
+
+
+def test_check_in_an_ordinary_test_file_under_xdist(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kernels=textwrap.dedent('''
+        import pytest
+        import torch
+
+        import conformance
+        from conformance import Tensor
+
+
+        class Square(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            def backward(ctx, grad):
+                (x,) = ctx.saved_tensors
+                return 2 * x * grad
+
+
+        class SquareMissingTwo(Square):
+            @staticmethod
+            def backward(ctx, grad):
+                (x,) = ctx.saved_tensors
+                return x * grad
+
+
+        SPEC = dict(inputs=[Tensor("x", "*batch n")], reference=lambda x: x * x, contracts=["gradcheck"], device="cpu")
+
+
+        def test_square_passes_every_contract():
+            result = conformance.check(Square, inputs=SPEC["inputs"], reference=SPEC["reference"], device="cpu")
+            assert result.passed and result.outcome("gradcheck") == "passed", str(result)
+            assert len(result.results) == 23, str(result)
+
+
+        def test_square_missing_two_is_caught():
+            with pytest.raises(conformance.ConformanceFailure, match=r"\\[gradcheck\\] SquareMissingTwo"):
+                conformance.check(SquareMissingTwo, **SPEC)
+
+
+        def test_square_missing_two_fails_the_test():
+            conformance.check(SquareMissingTwo, **SPEC)
+    '''))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "ConformanceFailure: 1 of 1 contract tests failed" in out, out[-3000:]
+    assert "rerun: python -m pytest test_kernels.py::test_square_missing_two_fails_the_test" in out, out[-3000:]

@@ -1,0 +1,134 @@
+"""``python -m conformance write``: specs written from one example call collect, and once the test
+fills in their reference stubs, pass on correct Functions and catch the zoo's bugs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import conformance
+from conformance.embed.ghostwriter import GhostwriterError, parse_example, write_spec
+from conformance.engine.loader import import_path
+from tests.conftest import REPO
+from tests.zoo_runs import CORNER_OWNERS, ZOO_RUNS
+
+EVERYONES = ZOO_RUNS["everyones_code_bugs"].contracts
+
+
+@dataclass(frozen=True)
+class Written:
+    correct: str  # module:Name
+    bug: str  # module:Name of a buggy twin
+    example: str
+    reference: str  # the stub's body, as the author writes it
+    catches: frozenset[str]  # contracts among which the bug must fail
+    imports: str = ""
+    # The contracts the zoo runs the correct twin under (its file's run in tests/zoo_runs.py; the
+    # corner twins' attention, e.g., has no double backward guard and no autocast support); None: all.
+    contracts: tuple[str, ...] | None = None
+
+
+CASES = {
+    "attention_causal": Written(
+        "tests.zoo.corner_bugs:CausalAttentionShortQueriesOk", "tests.zoo.corner_bugs:CausalAttentionShortQueries",
+        "q=torch.randn(2, 3, 4), k=torch.randn(2, 5, 4), v=torch.randn(2, 5, 6), causal=True",
+        "return _attention_reference(q, k, v, causal)", frozenset({"reference", "gradcheck"}),
+        "from tests.zoo.corner_bugs import _attention_reference", CORNER_OWNERS,
+    ),
+    "rmsnorm": Written(
+        "reference_ops.normalization:RMSNorm", "tests.zoo.unregistered_kernels:RMSNormRowsOnly",
+        "x=torch.randn(3, 8), weight=torch.randn(8), eps=1e-6",
+        "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight", frozenset({"grad_meta"}),
+    ),
+    "cross_entropy_ignore_index": Written(
+        "tests.zoo.corner_bugs:CrossEntropyIgnoreOk", "tests.zoo.corner_bugs:CrossEntropyIgnore",
+        "logits=torch.randn(4, 5), target=torch.tensor([1, -100, 3, 0]), ignore_index=-100",
+        "return _cross_entropy(logits, target, ignore_index)", frozenset({"gradcheck", "reference"}),
+        "from tests.zoo.corner_bugs import _cross_entropy", CORNER_OWNERS,
+    ),
+    "varlen": Written(
+        "tests.zoo.corner_bugs:SegmentSumOk", "tests.zoo.corner_bugs:SegmentSum",
+        "x=torch.randn(7, 3), cu=torch.tensor([0, 2, 2, 7], dtype=torch.int32)",
+        "return _segment_sums(x, cu)", frozenset({"gradcheck", "reference"}),
+        "from tests.zoo.corner_bugs import _segment_sums", CORNER_OWNERS,
+    ),
+    "inplace": Written(
+        "tests.zoo.everyones_code_correct:InplaceSquare", "tests.zoo.everyones_code_bugs:InplaceSquareSignBits",
+        "x=torch.randn(3, 4)", "return torch.square(x)", frozenset({"stability"}), contracts=EVERYONES,
+    ),
+    "index_output": Written(
+        "tests.zoo.everyones_code_correct:SortRows", "tests.zoo.everyones_code_bugs:SortRowsContiguous",
+        "x=torch.randn(3, 4)", "return torch.sort(x, dim=-1)", frozenset({"layouts", "reference"}), contracts=EVERYONES,
+    ),
+}
+
+
+def _filled(text: str, case: Written) -> str:
+    """The written module with its reference stub filled in, as the author would."""
+    stub = [line for line in text.splitlines() if line.strip().startswith("raise NotImplementedError(")]
+    assert len(stub) == 1, text
+    body = f"    {case.imports}\n    {case.reference}" if case.imports else f"    {case.reference}"
+    return text.replace(stub[0], body)
+
+
+def _load(tmp_path: Path, target: str, example: str, name: str, case: Written) -> str:
+    written = write_spec(target, parse_example(example), name=name, example_text=example)
+    path = tmp_path / f"{name}.py"
+    path.write_text(_filled(written, case))
+    import_path(path)
+    return written
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_written_spec_passes_the_correct_function_and_catches_the_bug(label: str, tmp_path: Path, clean_registry) -> None:  # type: ignore[no-untyped-def]
+    case = CASES[label]
+    written = _load(tmp_path, case.correct, case.example, f"written_{label}", case)
+    _load(tmp_path, case.bug, case.example, f"written_{label}_bug", case)
+    assert "reference=reference" in written and "TODO" in written
+    contracts = list(case.contracts) if case.contracts is not None else None
+    passed = conformance.check(f"written_{label}", device="cpu", contracts=contracts, profile="ci", raise_on_failure=False)
+    assert passed.passed, f"{written}\n{passed}"
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(f"written_{label}_bug", device="cpu", contracts=contracts, profile="ci")
+    failed = {f.contract for f in raised.value.failures}
+    assert failed & case.catches, f"{failed} should include one of {sorted(case.catches)}:\n{raised.value}"
+
+
+def test_the_command_prints_a_spec_that_collects(tmp_path: Path) -> None:
+    case = CASES["cross_entropy_ignore_index"]
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "write", case.correct, "--example", case.example, "--name", "written_ce"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "Index('target', 'n', high='m', sentinels=(-100,))" in text, text
+    assert "Scalar('ignore_index', -100)" in text, text
+    (tmp_path / "written_ce.py").write_text(text)
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "conformance"), f"--impl={tmp_path / 'written_ce.py'}",
+         "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "written_ce"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    assert "test_gradcheck[written_ce-cpu]" in collected.stdout
+
+
+@pytest.mark.parametrize(
+    ("target", "example", "echo"),
+    [
+        ("tests.zoo.corner_bugs", "x=1", "is not module:Name"),
+        ("tests.zoo.corner_bugs:NoSuchThing", "x=1", "has no attribute 'NoSuchThing'"),
+        ("tests.zoo.corner_bugs:SegmentSumOk", "y=torch.randn(3)", "example names ['y']"),
+        ("tests.zoo.corner_bugs:SegmentSumOk", "x=torch.randn(3, 2)", "gives no value for 'cu'"),
+        ("tests.zoo.corner_bugs:SegmentSumOk", "x=torch.randn(3, 2), cu=", "is not name=value"),
+    ],
+)
+def test_bad_targets_and_examples_are_refused_echoing_them(target: str, example: str, echo: str) -> None:
+    with pytest.raises(GhostwriterError) as raised:
+        write_spec(target, parse_example(example))
+    assert echo in str(raised.value)

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 # Blocks .ci/run executes as written (it calls `run_doc_block NAME`).
-RUN_BY_CI = ("project-tests", "lint", "main-job", "quickstart")
+RUN_BY_CI = ("project-tests", "lint", "main-job", "quickstart", "embed")
 # Inline mentions that are not runnable as written, with the test that runs what they name.
 INLINE_RUN_ELSEWHERE = {
     "python <script>": "tests/test_repro_scripts.py runs the repro script of every zoo bug",

@@ -205,7 +205,7 @@ class FakeConfig:
 
 def test_the_table_knows_every_option_once() -> None:
     names = [option.name for option in entry.OPTIONS]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 20
     assert {option.ini for option in entry.OPTIONS} == {f"conformance_{name}" for name in names}
     assert next(o for o in entry.OPTIONS if o.flag == "--conformance-report").ini == "conformance_report"
 
@@ -230,6 +230,7 @@ def test_defaults() -> None:
         "seed": 0, "dtypes": (), "contracts": (), "skip_contracts": (), "expectations": None,
         "strict_expectations": False, "example_timeout": 300.0, "threads": 1, "compile_backends": ("aot_eager",),
         "isolate": False, "report": None, "shard": None, "advice": "report", "upstream": "report",
+        "author_coverage": False,
     }
 
 

@@ -12,6 +12,7 @@ import html
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from types import MappingProxyType
 
 from conformance.plugin.outcomes import (
@@ -128,6 +129,9 @@ table.matrix tfoot .bad { color: #b91c1c; font-weight: 700; display: block; }
 .failure dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 0 0 8px; }
 .failure dt { color: var(--muted); }
 .failure dd { margin: 0; overflow-wrap: anywhere; }
+pre.source { background: #f8fafc; padding: 8px 12px; border-radius: 6px; overflow-x: auto; font-size: 12px; }
+pre.source .missed { background: #fee2e2; display: block; }
+pre.source .partial { background: #fef3c7; display: block; }
 .failure pre { background: #0f172a; color: #e2e8f0; padding: 12px 14px; border-radius: 6px; overflow-x: auto;
                margin: 0; white-space: pre; max-height: 480px; }
 .back { font-size: 12px; color: var(--muted); }
@@ -307,7 +311,44 @@ def render_html(matrix: OutcomeMatrix, run: RunInfo) -> str:
         *_matrix(matrix),
         *_failures(matrix),
         *_reasons(matrix),
+        *_author_code(matrix),
         f"<footer>JSON schema_version {SCHEMA_VERSION}; command: <code>{esc(one_line(run.command))}</code></footer>",
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
+
+
+def _author_code(matrix: OutcomeMatrix) -> list[str]:
+    """--author-coverage: each measured Function's own code, the lines no example ran marked."""
+    if not matrix.author_code:
+        return []
+    parts = ['<section id="author-code"><h2>Author code no example ran</h2>']
+    gaps = matrix.author_gaps()
+    for name, (regions, _) in sorted(matrix.author_code.items()):
+        found = gaps[name]
+        missing = {(g.file, line) for g in found if g.target is None for line in range(g.line, max(g.line, g.last) + 1)}
+        partial = {(g.file, g.line) for g in found if g.target is not None}
+        parts.append(f"<h3>{esc(name)}: {len(found)} never ran</h3>" if found else f"<h3>{esc(name)}: all ran</h3>")
+        if not found:
+            continue
+        parts.append("<ul>" + "".join(f"<li><code>{esc(g.describe())}</code></li>" for g in found) + "</ul>")
+        for region in regions:
+            if not any(g.file == region.file and g.line in region.lines | {a for a, _ in region.branches} for g in found):
+                continue
+            lines = _source(region.file)
+            first, last = min(region.lines), max(region.lines)
+            rows = []
+            for number in range(first, min(last, len(lines)) + 1):
+                mark = ' class="missed"' if (region.file, number) in missing else ""
+                mark = ' class="partial"' if (region.file, number) in partial else mark
+                rows.append(f"<span{mark}>{number:5d}  {esc(lines[number - 1])}</span>")
+            parts.append(f"<p>{esc(region.label)} ({esc(region.file)})</p><pre class=\"source\">" + "\n".join(rows) + "</pre>")
+    parts.append("</section>")
+    return parts
+
+
+def _source(file: str) -> list[str]:
+    try:
+        return Path(file).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.plugin.outcomes import FAILURE_OUTCOMES, SCHEMA_VERSION, Cell, OutcomeMatrix, RunInfo
+from conformance.plugin.outcomes import (
+    FAILURE_OUTCOMES,
+    SCHEMA_VERSION,
+    Cell,
+    OutcomeMatrix,
+    RunInfo,
+    author_code_from_json,
+)
 from conformance.plugin.reports import write_reports
 
 __all__ = ["MergeError", "main", "merge_reports"]
@@ -54,6 +61,11 @@ def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> tu
             seen[key] = name
             fields = {field: entry[field] for field in _CELL_FIELDS if entry.get(field) is not None}
             matrix.record(*key, Cell(**fields))
+        for name, (regions, executed) in author_code_from_json(report.get("author_code", {})).items():
+            if name in matrix.author_code:
+                matrix.author_code[name][1].update(executed)  # a Function's cpu and cuda rows in two slices
+            else:
+                matrix.author_code[name] = (regions, executed)
     return matrix, _whole_run(runs)
 
 

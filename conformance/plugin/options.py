@@ -50,6 +50,7 @@ class RunOptions:
     shard: tuple[int, int] | None = None  # (K, N) of --shard=K/N, 1 <= K <= N; None: the whole run
     advice: str = "report"  # --advice: report | fail
     upstream: str = "report"  # --upstream: report | fail
+    author_coverage: bool = False  # --author-coverage: what of each Function's code no example ran
 
     @property
     def default_threads(self) -> bool:
@@ -124,6 +125,7 @@ def parse_options(values: Mapping[str, OptionValue], *, run_dir: Path) -> RunOpt
         shard=None if merged["shard"] is None else parse_shard(_text(merged, "shard")),
         advice=_text(merged, "advice"),
         upstream=_text(merged, "upstream"),
+        author_coverage=bool(merged["author_coverage"]),
     )
     if options.report is not None:
         _check_report_path(str(report), options.report)

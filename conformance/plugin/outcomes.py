@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from conformance.engine.author_code import Executed, Gap, Region, gaps_of
 from conformance.engine.verdict import TIERS, Outcome, tier_of
 
 __all__ = [
@@ -199,6 +200,12 @@ class OutcomeMatrix:
     def __init__(self) -> None:
         # (function, device) -> {contract: cell}: indexed by row, so a report is linear in the cells.
         self._rows: dict[tuple[str, str], dict[str, Cell]] = {}
+        # --author-coverage: per Function, its code's regions and what of them ran (else empty).
+        self.author_code: dict[str, tuple[tuple[Region, ...], Executed]] = {}
+
+    def author_gaps(self) -> dict[str, list[Gap]]:
+        """Per Function measured, the lines and branch ways of its own code no example ran."""
+        return {name: gaps_of(regions, executed) for name, (regions, executed) in sorted(self.author_code.items())}
 
     # ------------------------------------------------------------------ recording
 
@@ -398,7 +405,7 @@ class OutcomeMatrix:
         matrix = {
             row_label(f, d): {c: cell.outcome for c, cell in self.row_cells(f, d).items()} for f, d in self.rows()
         }
-        return {
+        report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "run": run.to_json(),
             "totals": self.totals(),
@@ -406,6 +413,9 @@ class OutcomeMatrix:
             "matrix": matrix,
             "results": results,
         }
+        if self.author_code:
+            report["author_code"] = author_code_json(self.author_code, self.author_gaps())
+        return report
 
     def markdown(self, run: RunInfo) -> str:
         return "\n".join(_markdown_lines(self, run)) + "\n"
@@ -464,6 +474,22 @@ def _md_cell(cell: Cell | None) -> str:
         return ""
     label = md_escape(cell.short_label)
     return f"**{label}**" if cell.outcome in FAILURE_OUTCOMES else label
+
+
+def _author_markdown(matrix: OutcomeMatrix) -> Iterator[str]:
+    gaps = matrix.author_gaps()
+    if not gaps:
+        return
+    yield ""
+    yield "## Author code no example ran (--author-coverage)"
+    yield ""
+    for name, found in gaps.items():
+        if not found:
+            yield f"- `{md_escape(name)}`: every line and branch of its code ran"
+            continue
+        yield f"- `{md_escape(name)}`: {len(found)} never ran"
+        for gap in found:
+            yield f"  - {md_escape(gap.describe())}"
 
 
 def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
@@ -527,6 +553,7 @@ def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
             yield cell.message.rstrip("\n")
             yield fence
         yield ""
+    yield from _author_markdown(matrix)
     groups = matrix.reason_groups(["xfailed", "blocked", "waived", "not_applicable", "not_run_here", "skipped"])
     yield "## Reasons"
     yield ""
@@ -538,3 +565,57 @@ def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
     for outcome, reason, keys in groups:
         which = ", ".join(md_escape(k) for k in keys[:6]) + (f", +{len(keys) - 6} more" if len(keys) > 6 else "")
         yield f"| {LABELS[outcome]} | {len(keys)} | {md_escape(reason)} | {which} |"
+
+
+# ---------------------------------------------------------------------- author code (--author-coverage)
+
+
+def author_code_json(
+    measured: Mapping[str, tuple[tuple[Region, ...], Executed]], gaps: Mapping[str, list[Gap]]
+) -> dict[str, Any]:
+    """Per Function: its regions, what of their files ran (so shards merge by union), and its gaps."""
+    return {
+        name: {
+            "regions": [
+                {"label": r.label, "file": r.file, "lines": sorted(r.lines), "branches": sorted([a, b] for a, b in r.branches)}
+                for r in regions
+            ],
+            "executed": Executed(
+                {f: v for f, v in executed.lines.items() if f in {r.file for r in regions}},
+                {f: v for f, v in executed.arcs.items() if f in {r.file for r in regions}},
+            ).to_json(),
+            "gaps": [
+                {"region": g.region, "file": g.file, "line": g.line, "last": g.last or g.line, "target": g.target,
+                 "source": g.source, "text": g.describe()}
+                for g in gaps[name]
+            ],
+        }
+        for name, (regions, executed) in sorted(measured.items())
+    }
+
+
+def author_code_from_json(data: Mapping[str, Any]) -> dict[str, tuple[tuple[Region, ...], Executed]]:
+    """What :func:`author_code_json` wrote, back (regions and executed; the gaps are recomputed)."""
+    return {
+        str(name): (
+            tuple(
+                Region(str(r["label"]), str(r["file"]), frozenset(int(x) for x in r["lines"]),
+                       frozenset((int(a), int(b)) for a, b in r["branches"]))
+                for r in entry["regions"]
+            ),
+            Executed.from_json(entry["executed"]),
+        )
+        for name, entry in data.items()
+    }
+
+
+def author_gap_lines(gaps: Mapping[str, list[Gap]], *, limit: int = 4) -> list[str]:
+    """One terminal line per Function with gaps (the first few named, file:line)."""
+    lines = []
+    for name, found in gaps.items():
+        if not found:
+            continue
+        shown = "; ".join(g.describe() for g in found[:limit])
+        more = f"; +{len(found) - limit} more" if len(found) > limit else ""
+        lines.append(f"{name}: {len(found)} never ran: {shown}{more}")
+    return lines

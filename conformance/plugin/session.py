@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionValue
+from conformance.engine.author_code import Executed, Region, Tracer, regions_of
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
 from conformance.engine.loader import ImplError, load_impls
@@ -46,7 +47,7 @@ from conformance.plugin.collection import (
 from conformance.plugin.devices import cuda_findings, cuda_usable, describe_cuda, prepare_devices, triton_mode
 from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.plugin.options import RunOptions, check_contract_names, parse_options
-from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo
+from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo, author_gap_lines
 from conformance.plugin.reports import write_reports
 from conformance.spec import Spec, SpecError
 from strategies import CaseOptions
@@ -58,6 +59,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/
 
 _session_key = pytest.StashKey["ConformanceSession"]()
 
+
+AUTHOR_CODE_KEY = "conformance_author_code"  # an xdist worker's Executed, in its workeroutput
 
 class ConformanceSession:
     """The run's options, specs, expectations and outcomes, and the hooks that use them.
@@ -84,6 +87,10 @@ class ConformanceSession:
         self.own_flight_dir: Path | None = None  # made (and removed) by this process
         self.user_threads: int | None = None  # torch's thread count before the run set its own
         self.contracts: dict[str, ContractInfo] = {}  # every contract of the suite, by name
+        # --author-coverage: each Function's own code, and what of it ran (this process, plus workers')
+        self.author_regions: dict[str, tuple[Region, ...]] = {}
+        self.author_executed = Executed()
+        self.tracer: Tracer | None = None
 
     # ---------------------------------------------------------------- setup
 
@@ -102,6 +109,46 @@ class ConformanceSession:
             raise pytest.UsageError(str(error)) from None
         self.contracts = discover()
         check_contract_names(self.options, sorted(self.contracts))
+        if self.options.author_coverage:
+            self.start_author_coverage()
+
+    def start_author_coverage(self) -> None:
+        """Measure the author's files only (coverage.py, branches), from here to the end of the tests."""
+        import coverage  # a dependency (pytest-cov's); imported only when asked for
+
+        if self.options.isolate:
+            raise pytest.UsageError(
+                "--author-coverage with --isolate: what ran in the forked children would be lost; use -n N "
+                "(pytest-xdist) instead, whose workers report it"
+            )
+        if coverage.Coverage.current() is not None:
+            raise pytest.UsageError(
+                "--author-coverage: coverage.py is already measuring this run (pytest-cov's --cov?), and one process "
+                "has one tracer; drop one of the two"
+            )
+        self.author_regions = {spec.name: regions_of(spec) for spec in self.specs}
+        files = {region.file for regions in self.author_regions.values() for region in regions}
+        self.tracer = Tracer(files)
+        self.tracer.start()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            if self.tracer is not None:
+                executed = self.tracer.stop()
+                self.tracer = None
+                self.author_executed.update(executed)
+                if self.is_worker:
+                    self.config.workeroutput[AUTHOR_CODE_KEY] = executed.to_json()  # type: ignore[attr-defined]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """An xdist worker's share of what ran (its flight record is read elsewhere)."""
+        data = getattr(node, "workeroutput", {}).get(AUTHOR_CODE_KEY)
+        if data is not None:
+            self.author_executed.update(Executed.from_json(data))
 
     def watch_crashes(self) -> None:
         """Set up what reports a test whose process dies: this process's flight recorder, fork
@@ -235,6 +282,15 @@ class ConformanceSession:
         if lines:
             terminalreporter.section("autograd-conformance")
             for line in lines:
+                terminalreporter.write_line(line)
+        if self.author_regions:
+            ran = {function for function, _ in self.matrix.rows()}
+            self.matrix.author_code = {
+                name: (regions, self.author_executed) for name, regions in self.author_regions.items() if name in ran
+            }
+            terminalreporter.section("autograd-conformance: author code no example ran (--author-coverage)")
+            gap_lines = author_gap_lines(self.matrix.author_gaps())
+            for line in gap_lines or ["every line and branch of every Function's own code ran"]:
                 terminalreporter.write_line(line)
         if config.get_verbosity() > 0:
             terminalreporter.section("autograd-conformance: what the coverage phase reached")

@@ -36,11 +36,14 @@ def test_a_branch_no_budget_reaches_is_named_by_file_and_line(tmp_path: Path, mo
     summary = done.stdout.split("author code no example ran", 1)[-1]
     assert BRANCH in summary and HELPER in summary, done.stdout[-3000:]
     assert "chunked_sum: 3 never ran" in summary and "scaled_rows" not in summary, summary
-    report = json.loads((tmp_path / "report.json").read_text())["author_code"]
+    whole = json.loads((tmp_path / "report.json").read_text())
+    assert whole["coverage_phase"]["chunked_sum"].startswith("4 corners: sizes up to 129 (n)")  # the profile's corners
+    report = whole["author_code"]
     assert report["scaled_rows"]["gaps"] == []  # every line ran: under xdist too (the workers' records arrived)
     texts = [gap["text"] for gap in report["chunked_sum"]["gaps"]]
     assert any(t.startswith(BRANCH) for t in texts) and any(t.startswith(HELPER) for t in texts), texts
-    assert BRANCH.replace(">", "&gt;").replace("<", "&lt;") in (tmp_path / "report.md").read_text()
+    markdown = (tmp_path / "report.md").read_text()
+    assert BRANCH.replace(">", "&gt;").replace("<", "&lt;") in markdown and "## What the coverage phase reached" in markdown
     html = (tmp_path / "report.html").read_text()
     assert 'id="author-code"' in html and html.count('class="missed"') == 5  # lines 21-24 and 36
     assert html.count('class="partial"') == 1  # the branch line 35, one way of which never ran

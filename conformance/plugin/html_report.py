@@ -311,11 +311,20 @@ def render_html(matrix: OutcomeMatrix, run: RunInfo) -> str:
         *_matrix(matrix),
         *_failures(matrix),
         *_reasons(matrix),
+        *_coverage_phase(matrix),
         *_author_code(matrix),
         f"<footer>JSON schema_version {SCHEMA_VERSION}; command: <code>{esc(one_line(run.command))}</code></footer>",
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
+
+
+def _coverage_phase(matrix: OutcomeMatrix) -> list[str]:
+    """Per Function, what the coverage phase's corners reached."""
+    if not matrix.coverage_phase:
+        return []
+    items = "".join(f"<li><b>{esc(name)}</b>: {esc(line)}</li>" for name, line in sorted(matrix.coverage_phase.items()))
+    return [f'<section id="coverage-phase"><h2>What the coverage phase reached</h2><ul>{items}</ul></section>']
 
 
 def _author_code(matrix: OutcomeMatrix) -> list[str]:

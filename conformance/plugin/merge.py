@@ -61,6 +61,7 @@ def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> tu
             seen[key] = name
             fields = {field: entry[field] for field in _CELL_FIELDS if entry.get(field) is not None}
             matrix.record(*key, Cell(**fields))
+        matrix.coverage_phase.update(report.get("coverage_phase", {}))
         for name, (regions, executed) in author_code_from_json(report.get("author_code", {})).items():
             if name in matrix.author_code:
                 matrix.author_code[name][1].update(executed)  # a Function's cpu and cuda rows in two slices

@@ -202,6 +202,8 @@ class OutcomeMatrix:
         self._rows: dict[tuple[str, str], dict[str, Cell]] = {}
         # --author-coverage: per Function, its code's regions and what of them ran (else empty).
         self.author_code: dict[str, tuple[tuple[Region, ...], Executed]] = {}
+        # per Function, what the coverage phase's corners reached (sizes, Scalar values, dtypes)
+        self.coverage_phase: dict[str, str] = {}
 
     def author_gaps(self) -> dict[str, list[Gap]]:
         """Per Function measured, the lines and branch ways of its own code no example ran."""
@@ -413,6 +415,8 @@ class OutcomeMatrix:
             "matrix": matrix,
             "results": results,
         }
+        if self.coverage_phase:
+            report["coverage_phase"] = dict(sorted(self.coverage_phase.items()))
         if self.author_code:
             report["author_code"] = author_code_json(self.author_code, self.author_gaps())
         return report
@@ -476,6 +480,17 @@ def _md_cell(cell: Cell | None) -> str:
     return f"**{label}**" if cell.outcome in FAILURE_OUTCOMES else label
 
 
+def _coverage_phase_markdown(matrix: OutcomeMatrix) -> Iterator[str]:
+    if not matrix.coverage_phase:
+        return
+    yield ""
+    yield "## What the coverage phase reached"
+    yield ""
+    for name, line in sorted(matrix.coverage_phase.items()):
+        yield f"- `{md_escape(name)}`: {md_escape(line)}"
+    yield ""
+
+
 def _author_markdown(matrix: OutcomeMatrix) -> Iterator[str]:
     gaps = matrix.author_gaps()
     if not gaps:
@@ -490,6 +505,7 @@ def _author_markdown(matrix: OutcomeMatrix) -> Iterator[str]:
         yield f"- `{md_escape(name)}`: {len(found)} never ran"
         for gap in found:
             yield f"  - {md_escape(gap.describe())}"
+    yield ""
 
 
 def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
@@ -553,6 +569,7 @@ def _markdown_lines(matrix: OutcomeMatrix, run: RunInfo) -> Iterator[str]:
             yield cell.message.rstrip("\n")
             yield fence
         yield ""
+    yield from _coverage_phase_markdown(matrix)
     yield from _author_markdown(matrix)
     groups = matrix.reason_groups(["xfailed", "blocked", "waived", "not_applicable", "not_run_here", "skipped"])
     yield "## Reasons"

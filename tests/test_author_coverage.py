@@ -16,7 +16,10 @@ from conformance.plugin.outcomes import author_code_from_json, author_code_json
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
 GAPS = ZOO / "author_code_gaps.py"
-BRANCH = "author_code_gaps.py:35 [backward] branch never took the jump to line 36: if math.prod(ctx.shape) > 1 << 20"
+BRANCH = (
+    "author_code_gaps.py:36 [backward] never ran: return _chunked_expand(g, ctx.shape); "
+    "the branch at author_code_gaps.py:35 never went there: if math.prod(ctx.shape) > 1 << 20"
+)
 HELPER = "author_code_gaps.py:21-24 [helper _chunked_expand] never ran: out = g.new_empty(shape)"
 
 
@@ -35,11 +38,12 @@ def test_a_branch_no_budget_reaches_is_named_by_file_and_line(tmp_path: Path, mo
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.split("author code no example ran", 1)[-1]
     assert BRANCH in summary and HELPER in summary, done.stdout[-3000:]
-    assert "chunked_sum: 3 never ran" in summary and "scaled_rows" not in summary, summary
+    assert "chunked_sum: 2 never ran" in summary and "scaled_rows" not in summary, summary
     whole = json.loads((tmp_path / "report.json").read_text())
     assert whole["coverage_phase"]["chunked_sum"].startswith("4 corners: sizes up to 129 (n)")  # the profile's corners
     report = whole["author_code"]
     assert report["scaled_rows"]["gaps"] == []  # every line ran: under xdist too (the workers' records arrived)
+    assert {r["label"] for r in report["scaled_rows"]["regions"]} == {"forward", "backward"}  # and it was measured
     texts = [gap["text"] for gap in report["chunked_sum"]["gaps"]]
     assert any(t.startswith(BRANCH) for t in texts) and any(t.startswith(HELPER) for t in texts), texts
     markdown = (tmp_path / "report.md").read_text()
@@ -61,7 +65,10 @@ REGION = Region("backward", "/src/k.py", frozenset({10, 11, 12, 14, 15}), frozen
 def test_gaps_are_runs_of_statements_and_branch_ways_never_taken() -> None:
     ran = Executed({"/src/k.py": {10, 11, 14}}, {"/src/k.py": {(10, 11), (11, 14)}})
     gaps = gaps_of([REGION], ran)
-    assert [(g.line, g.last, g.target) for g in gaps] == [(11, 0, 12), (12, 12, None), (15, 15, None)]
+    # line 12 never ran, and the branch at 11 never went there: one gap naming both
+    assert [(g.line, g.last, g.target, g.branch) for g in gaps] == [(12, 12, None, 11), (15, 15, None, 0)]
+    taken_elsewhere = Executed({"/src/k.py": {10, 11, 12, 14, 15}}, {"/src/k.py": {(10, 11), (11, 14)}})
+    assert [(g.line, g.target) for g in gaps_of([REGION], taken_elsewhere)] == [(11, 12)]  # 12 ran, not from 11
     everything = Executed({"/src/k.py": set(REGION.lines)}, {"/src/k.py": set(REGION.branches)})
     assert gaps_of([REGION], everything) == []
     nothing = gaps_of([REGION], Executed())

@@ -183,3 +183,21 @@ def test_check_in_an_ordinary_test_file_under_xdist(pytester: pytest.Pytester) -
     out = result.stdout.str()
     assert "ConformanceFailure: 1 of 1 contract tests failed" in out, out[-3000:]
     assert "rerun: python -m pytest test_kernels.py::test_square_missing_two_fails_the_test" in out, out[-3000:]
+
+
+class _TwoGrads(_Cube):
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * grad, grad  # one gradient too many: return_count's defect
+
+
+def test_a_call_that_checks_nothing_or_hides_a_defect_does_not_pass(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    spec = {"inputs": [Tensor("x", "n")], "reference": lambda x: x**3, "device": "cpu", "max_examples": 2}
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_Cube, dtypes=[torch.float16], **spec)  # the spec lists float64 and float32 only
+    assert "none of 23 contract tests checked anything" in str(raised.value) and "excludes every dtype" in str(raised.value)
+    assert raised.value.result.checked == 0 and not raised.value.result.passed
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_TwoGrads, contracts=["grad_meta"], **spec)  # return_count owns it, and is not run
+    assert "blocked by return_count" in str(raised.value) and "add 'return_count' to contracts=" in str(raised.value)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from torch.autograd.function import once_differentiable
 
 import conformance
 from conformance.embed.ghostwriter import GhostwriterError, parse_example, write_spec
@@ -126,9 +128,52 @@ def test_the_command_prints_a_spec_that_collects(tmp_path: Path) -> None:
         ("tests.zoo.corner_bugs:SegmentSumOk", "y=torch.randn(3)", "example names ['y']"),
         ("tests.zoo.corner_bugs:SegmentSumOk", "x=torch.randn(3, 2)", "gives no value for 'cu'"),
         ("tests.zoo.corner_bugs:SegmentSumOk", "x=torch.randn(3, 2), cu=", "is not name=value"),
+        ("tests.zoo.corner_bugs:SegmentSumOk", "x=torch.randn(0, 2), cu=torch.tensor([0, 0])", "are empty"),
+        ("tests.zoo.core_bugs:TooFewGrads", "x=torch.randn(3), scale=2.0", "a trial backward on the example raised"),
     ],
 )
 def test_bad_targets_and_examples_are_refused_echoing_them(target: str, example: str, echo: str) -> None:
     with pytest.raises(GhostwriterError) as raised:
         write_spec(target, parse_example(example))
     assert echo in str(raised.value)
+
+
+class Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, table, idx, *, reduce=False):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(idx)
+        ctx.rows = table.shape[0]
+        return table[idx]
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        (idx,) = ctx.saved_tensors
+        grad = g.new_zeros(ctx.rows, g.shape[-1])
+        grad.index_add_(0, idx.flatten(), g.reshape(-1, g.shape[-1]))
+        return grad, None
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_a_multi_dim_index_gets_the_tightest_bound_and_keyword_only_arguments_are_left_out() -> None:
+    text = write_spec("tests.test_ghostwriter:Gather", parse_example("table=torch.randn(8, 32), idx=torch.tensor([[0, 5], [3, 7]])"))
+    assert "Index('idx', 'd d', high='n')" in text, text  # 8 rows (n), not 32 columns (m)
+    assert "TODO: or m (larger dims fit too)" in text, text
+    assert "dim d appears twice in idx" in text, text
+    assert "reduce" not in text.split("inputs=[", 1)[1], text
+
+
+def test_once_differentiable_is_named_as_such() -> None:
+    text = write_spec("tests.test_ghostwriter:Square", parse_example("x=torch.randn(3, 4)"))
+    assert "double_backward=False,  # its gradients lead back to no input: backward is not differentiable" in text, text

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -36,13 +37,14 @@ from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import FlightRecorder
-from conformance.plugin.devices import cuda_findings, cuda_usable
+from conformance.plugin.devices import choose_triton_interpreter, cuda_findings, cuda_usable
 from conformance.plugin.options import parse_options
 from conformance.spec import Spec, make_specs, registered
 
 __all__ = ["CheckResult", "ConformanceFailure", "ContractResult", "check"]
 
 DEVICES = ("cpu", "cuda", "auto")
+CHECKED = frozenset({Outcome.PASSED, Outcome.ADVICE, Outcome.UPSTREAM, Outcome.FAILED, Outcome.ERROR, Outcome.XFAILED})
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,24 @@ class CheckResult:
 
     @property
     def failures(self) -> tuple[ContractResult, ...]:
-        return tuple(r for r in self.results if r.failed)
+        """Failed tests, and tests blocked by a defect whose owner this call did not run (the defect
+        would otherwise go unreported)."""
+        ran = {(r.contract, r.function, r.device) for r in self.results}
+        return tuple(
+            r for r in self.results
+            if r.failed or (r.verdict.outcome is Outcome.BLOCKED and (r.verdict.owner, r.function, r.device) not in ran)
+        )
+
+    @property
+    def checked(self) -> int:
+        """Tests that checked something (passed, or found something); the rest were skipped."""
+        return sum(r.verdict.outcome in CHECKED for r in self.results)
 
     @property
     def passed(self) -> bool:
-        """No test failed (advice and upstream findings inform, as in the plugin's default run)."""
-        return not self.failures
+        """No test failed (advice and upstream findings inform, as in the plugin's default run), and at
+        least one checked something: a call whose every test was skipped has shown nothing."""
+        return not self.failures and self.checked > 0
 
     def outcomes(self) -> dict[tuple[str, str, str], str]:
         """(contract, function, device) -> outcome, as the plugin's JSON report keys its cells."""
@@ -122,10 +136,20 @@ class ConformanceFailure(AssertionError):
     def __init__(self, result: CheckResult) -> None:
         self.result = result
         self.failures = result.failures
+        if not self.failures:
+            reasons = sorted({r.verdict.describe() for r in result.results})
+            super().__init__(
+                f"none of {len(result.results)} contract tests checked anything, but a check should: "
+                + ("; ".join(reasons) if reasons else "no contract and device were selected")
+            )
+            return
         parts = [f"{len(self.failures)} of {len(result.results)} contract tests failed"]
         for failure in self.failures:
             verdict = failure.verdict
-            text = verdict.message or verdict.reason or "(no message)"
+            if verdict.outcome is Outcome.BLOCKED:
+                text = f"{verdict.describe()} (add {verdict.owner!r} to contracts= to see the defect itself)"
+            else:
+                text = verdict.message or verdict.reason or "(no message)"
             parts.append(f"{failure.contract}[{failure.function}-{failure.device}]:\n{text}")
         super().__init__("\n\n".join(parts))
 
@@ -160,6 +184,7 @@ def check(
     mean, with the same defaults. Raises :class:`ConformanceFailure` when a contract fails (unless
     ``raise_on_failure=False``); returns the :class:`CheckResult` otherwise.
     """
+    choose_triton_interpreter()  # before any kernel module is imported, as the plugin does
     specs, impl = _specs_of(target, register_keywords)
     options = _options(
         impl=impl, contracts=contracts, skip_contracts=skip_contracts, dtypes=dtypes, device=device, profile=profile,
@@ -239,9 +264,11 @@ def _rerun(target: Any, spec: Spec, contract: str, device: str, seed: int, profi
     current = os.environ.get("PYTEST_CURRENT_TEST")
     if current:
         return shlex.join(["python", "-m", "pytest", current.rpartition(" (")[0] or current])
-    named = target if isinstance(target, str) else spec.name
     count = f", max_examples={max_examples}" if max_examples is not None else ""
-    return f"conformance.check({named!r}, contracts=[{contract!r}], device={device!r}, seed={seed}, profile={profile!r}{count})"
+    narrowed = f"contracts=[{contract!r}], device={device!r}, seed={seed}, profile={profile!r}{count}"
+    if isinstance(target, str) or any(s is spec for s in registered()):
+        return f"conformance.check({target if isinstance(target, str) else spec.name!r}, {narrowed})"
+    return f"the same conformance.check(...) call with {narrowed}"
 
 
 # ----------------------------------------------------------------------------- the options
@@ -269,7 +296,7 @@ def _options(*, impl: str, contracts: Sequence[str] | None, skip_contracts: Sequ
     try:
         return parse_options(values, run_dir=Path.cwd())
     except pytest.UsageError as error:
-        raise ValueError(str(error).replace("--max-examples", "max_examples").replace("--example-timeout", "example_timeout")) from None
+        raise ValueError(re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(error))) from None
 
 
 def _one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -320,7 +347,14 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
     """The run's torch threads (the caller's come back after), a flight recorder (one hang, one
     failure: the other contracts are blocked by it) and a folder for repro scripts (kept when a
     failure wrote one: the failure's message names it)."""
+    from hypothesis import configuration
+
     user_threads = torch.get_num_threads()
+    previous_home = vars(configuration).get("__hypothesis_home_directory")
+    hypothesis_home = None
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):  # no .hypothesis/ in the caller's folder
+        hypothesis_home = tempfile.TemporaryDirectory(prefix="conformance-check-hypothesis-")
+        configuration.set_hypothesis_home_dir(hypothesis_home.name)
     flight_dir = Path(tempfile.mkdtemp(prefix="conformance-check-flight-"))
     flight = FlightRecorder(flight_dir, "check")
     repro_dir = Path(tempfile.mkdtemp(prefix="conformance-check-repro-"))
@@ -333,6 +367,9 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
         shutil.rmtree(flight_dir, ignore_errors=True)
         if not any(repro_dir.iterdir()):
             repro_dir.rmdir()  # kept only when it holds a failure's script
+        if hypothesis_home is not None:
+            configuration.set_hypothesis_home_dir(previous_home)
+            hypothesis_home.cleanup()
 
 
 def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *, flight: FlightRecorder,

@@ -94,6 +94,7 @@ class Inference:
     values: list[Any]
     dim_of_size: dict[int, str] = field(default_factory=dict)
     users: dict[str, list[str]] = field(default_factory=dict)  # dim -> the inputs whose shapes use it
+    repeated: dict[str, list[str]] = field(default_factory=dict)  # dim -> inputs using it twice in one shape
     batch: tuple[int, ...] = ()  # the leading sizes that become *batch
     notes: list[str] = field(default_factory=list)
 
@@ -113,6 +114,9 @@ class Inference:
     def shape_text(self, name: str, value: torch.Tensor, batched: bool) -> str:
         sizes = tuple(value.shape)[len(self.batch):] if batched else tuple(value.shape)
         dims = [self.dim(s) for s in sizes]
+        for dim in {d for d in dims if dims.count(d) > 1}:
+            if name not in self.repeated.setdefault(dim, []):
+                self.repeated[dim].append(name)
         for dim in dims:
             if name not in self.users.setdefault(dim, []):
                 self.users[dim].append(name)
@@ -124,8 +128,8 @@ class Inference:
 
 def _bound_values(target: Any, example: dict[str, Any]) -> tuple[list[str], list[Any]]:
     """The example's values in the target's argument order (defaults filled in)."""
-    parameters = parameters_of(target)
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    parameters = [p for p in parameters_of(target) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in parameters]
     unknown = [k for k in example if k not in names]
     if unknown:
         raise GhostwriterError(f"example names {unknown}, which the target does not take; it takes {names}")
@@ -192,19 +196,22 @@ def _offsets_total(value: torch.Tensor, inference: Inference) -> int | None:
 def _index_line(name: str, value: torch.Tensor, inference: Inference, batched: bool) -> Written:
     shape = inference.shape_text(name, value, batched)
     scalars = {v for v in inference.values if isinstance(v, int) and not isinstance(v, bool)}
-    kept = value[value >= 0]
-    sentinels = sorted({int(v) for v in value[value < 0].tolist()} | ({int(v) for v in value.tolist()} & {s for s in scalars if s < 0}))
-    top = int(kept.max()) if kept.numel() else 0
+    entries = {int(v) for v in value.flatten().tolist()}
+    sentinels = sorted({v for v in entries if v < 0} | (entries & {s for s in scalars if s < 0}))
+    top = max((v for v in entries if v >= 0), default=0)
     own = set(value.shape)
-    candidates = [s for s in inference.dim_of_size if s > top]
+    candidates = sorted(s for s in inference.dim_of_size if s > top)
     outside = [s for s in candidates if s not in own]
-    chosen = (outside or candidates)[-1] if (outside or candidates) else None
+    chosen = (outside or candidates)[0] if (outside or candidates) else None  # the tightest bound
     if chosen is None:
         high: str = str(top + 1)
         why = f"from {name}: {tuple(value.shape)} {value.dtype}, values up to {top}; TODO: the bound (no dim is larger)"
     else:
         high = repr(inference.dim(chosen))
         why = f"from {name}: {tuple(value.shape)} {value.dtype}, values in [0, {top}] < {chosen} = dim {inference.dim(chosen)}"
+        others = [inference.dim(s) for s in (outside or candidates)[1:]]
+        if others:
+            why += f"; TODO: or {', '.join(others)} (larger dims fit too)"
     extra = ""
     if sentinels:
         extra = f", sentinels={tuple(sentinels)!r}"
@@ -281,6 +288,15 @@ def _double_backward(inference: Inference, differentiable: dict[int, bool]) -> s
 
     leaves = [inference.values[i].detach().to(torch.float64).requires_grad_(True) for i in positions]
     try:
+        outputs = [o for o in function(*leaves) if o.requires_grad]
+        total = sum((o.sin().sum() for o in outputs), torch.zeros((), dtype=torch.float64))
+        grads = torch.autograd.grad(total, leaves, create_graph=True, allow_unused=True)
+        again = [g for g in grads if g is not None and g.requires_grad]
+        if not again:
+            return "its gradients do not require grad: backward is not differentiable"
+        second = torch.autograd.grad(sum(g.sum() for g in again), leaves, allow_unused=True)
+        if all(g is None for g in second):  # @once_differentiable: an error node, not a graph to the inputs
+            return "its gradients lead back to no input: backward is not differentiable (@once_differentiable?)"
         agrees = torch.autograd.gradgradcheck(function, leaves, raise_exception=False, fast_mode=True)
     except Exception as error:
         return f"double backward raised {type(error).__name__}: {str(error).splitlines()[0][:100]}"
@@ -352,6 +368,9 @@ def write_spec(target_text: str, example: dict[str, Any], *, name: str | None = 
     target, module, attribute = load_target(target_text)
     names, values = _bound_values(target, example)
     inference = Inference(target, names, values)
+    empty = [n for n, v in zip(names, values) if isinstance(v, torch.Tensor) and v.numel() == 0]
+    if empty:
+        raise GhostwriterError(f"example tensors {empty} are empty: trials on them show nothing; give each at least one element")
     try:
         with torch.no_grad():
             call_target(target, [_copy(v) for v in values])
@@ -367,7 +386,15 @@ def write_spec(target_text: str, example: dict[str, Any], *, name: str | None = 
             skip = len(inference.batch) if batched_ok and v.dim() == rank else 0
             for size in v.shape[skip:]:
                 inference.dim(size)
-    differentiable = _differentiable(inference)
+    try:
+        differentiable = _differentiable(inference)
+    except GhostwriterError:
+        raise
+    except Exception as error:
+        raise GhostwriterError(
+            f"a trial backward on the example raised {type(error).__name__}: {error} -- fix backward on this example "
+            "first (or give an example it handles)"
+        ) from None
     lines = _input_lines(inference, differentiable, batched_ok)
     accepted, refused = _dtypes(inference)
     double = _double_backward(inference, differentiable) if any(differentiable.values()) else "no differentiable input"
@@ -423,6 +450,9 @@ def _render(target_text: str, module: str, attribute: str, spec_name: str, names
         out.append(f"    mutates={mutated!r},  # forward changed them in place on the example")
     out.append(")")
     notes = [*inference.notes]
+    for dim, users in inference.repeated.items():
+        notes.append(f"dim {dim} appears twice in {', '.join(users)} (equal sizes in the example): only square shapes are drawn; "
+                     "if the sizes may differ, give each place its own name")
     for dim, users in shared.items():
         notes.append(f"dim {dim}: one size shared by {', '.join(users)} in the example; if they may differ, give each its own name")
     if notes:

@@ -48,11 +48,15 @@ class Gap:
     target: int | None = None
     source: str = ""
     last: int = 0  # a run of statements that never ran: its last line (0: the one line)
+    branch: int = 0  # the branch line one of whose ways leads to this run and was never taken (0: none)
+    branch_source: str = ""
 
     def describe(self) -> str:
-        where = f"{Path(self.file).name}:{self.line}" + (f"-{self.last}" if self.last > self.line else "")
+        name = Path(self.file).name
+        where = f"{name}:{self.line}" + (f"-{self.last}" if self.last > self.line else "")
         if self.target is None:
-            return f"{where} [{self.region}] never ran: {self.source}"
+            via = f"; the branch at {name}:{self.branch} never went there: {self.branch_source}" if self.branch else ""
+            return f"{where} [{self.region}] never ran: {self.source}{via}"
         way = "the way out of the function" if self.target < 0 else f"the jump to line {self.target}"
         return f"{where} [{self.region}] branch never took {way}: {self.source}"
 
@@ -91,6 +95,8 @@ class Tracer:
         import coverage  # only a run that asks for it pays the import
 
         self.files = sorted(set(files))
+        if not self.files:
+            raise ValueError("Tracer needs the author's files: coverage.py with no include measures everything")
         self._coverage = coverage.Coverage(data_file=None, branch=True, include=self.files, config_file=False)
 
     def start(self) -> None:
@@ -139,11 +145,21 @@ def gaps_of(regions: Iterable[Region], executed: Executed) -> list[Gap]:
     for region in regions:
         ran = executed.lines.get(region.file, set())
         arcs = executed.arcs.get(region.file, set())
-        for run in _runs(sorted(region.lines), ran):
-            gaps.append(Gap(region.label, region.file, run[0], source=_source_line(region.file, run[0]), last=run[-1]))
+        runs = _runs(sorted(region.lines), ran)
+        leads_to: dict[int, int] = {}  # first line of a run -> the branch line whose untaken way leads there
         for start, end in sorted(region.branches - arcs):
-            if start in ran:  # a line that never ran is reported as such
+            if start not in ran:
+                continue  # the branch line itself never ran: its run says so
+            if any(run[0] == end for run in runs):
+                leads_to.setdefault(end, start)  # one gap: the run, naming the branch that never went there
+            elif end < 0 or end in ran:
                 gaps.append(Gap(region.label, region.file, start, end, source=_source_line(region.file, start)))
+        for run in runs:
+            branch = leads_to.get(run[0], 0)
+            gaps.append(Gap(
+                region.label, region.file, run[0], source=_source_line(region.file, run[0]), last=run[-1],
+                branch=branch, branch_source=_source_line(region.file, branch) if branch else "",
+            ))
     return sorted(gaps, key=lambda g: (g.file, g.line, g.target if g.target is not None else -10**9))
 
 

@@ -48,15 +48,21 @@ def worker_gpus(worker: str, visible: int, per_worker: int = 1) -> tuple[int, ..
     return tuple((first + i) % visible for i in range(per_worker))
 
 
+def choose_triton_interpreter() -> None:
+    """Without CUDA, Triton kernels run only under the interpreter, which must be chosen before any
+    @triton.jit function is decorated, i.e. before the --impl modules are imported."""
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if importlib.util.find_spec("triton") is not None:
+        install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
+
+
 def prepare_devices(gpus_per_worker: int) -> None:
     """Before the ``--impl`` modules are imported: pin this process's GPU (an xdist worker takes
     its own), or, without CUDA, choose the Triton interpreter."""
     if not torch.cuda.is_available():
-        # Triton kernels can only run under the interpreter, which must be chosen before
-        # any @triton.jit function is decorated, i.e. before the --impl modules are imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        if importlib.util.find_spec("triton") is not None:
-            install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
+        choose_triton_interpreter()
         return
     try:
         gpus = worker_gpus(os.environ.get("PYTEST_XDIST_WORKER", ""), torch.cuda.device_count(), gpus_per_worker)

@@ -336,7 +336,7 @@ def _author_code(matrix: OutcomeMatrix) -> list[str]:
     for name, (regions, _) in sorted(matrix.author_code.items()):
         found = gaps[name]
         missing = {(g.file, line) for g in found if g.target is None for line in range(g.line, max(g.line, g.last) + 1)}
-        partial = {(g.file, g.line) for g in found if g.target is not None}
+        partial = {(g.file, g.line) for g in found if g.target is not None} | {(g.file, g.branch) for g in found if g.branch}
         parts.append(f"<h3>{esc(name)}: {len(found)} never ran</h3>" if found else f"<h3>{esc(name)}: all ran</h3>")
         if not found:
             continue

@@ -603,7 +603,7 @@ def author_code_json(
             ).to_json(),
             "gaps": [
                 {"region": g.region, "file": g.file, "line": g.line, "last": g.last or g.line, "target": g.target,
-                 "source": g.source, "text": g.describe()}
+                 "branch": g.branch or None, "source": g.source, "text": g.describe()}
                 for g in gaps[name]
             ],
         }

@@ -294,7 +294,7 @@ def _double_backward(inference: Inference, differentiable: dict[int, bool]) -> s
         again = [g for g in grads if g is not None and g.requires_grad]
         if not again:
             return "its gradients do not require grad: backward is not differentiable"
-        second = torch.autograd.grad(sum(g.sum() for g in again), leaves, allow_unused=True)
+        second = torch.autograd.grad(torch.stack([g.sum() for g in again]).sum(), leaves, allow_unused=True)
         if all(g is None for g in second):  # @once_differentiable: an error node, not a graph to the inputs
             return "its gradients lead back to no input: backward is not differentiable (@once_differentiable?)"
         agrees = torch.autograd.gradgradcheck(function, leaves, raise_exception=False, fast_mode=True)

@@ -132,11 +132,19 @@ class ConformanceRun:
 _cache: dict[tuple[str, ...], ConformanceRun] = {}
 
 
+# The slowest modules (measured, --durations): handed out first, so no worker starts one as the other ends.
+HEAVIEST_FIRST = frozenset({
+    "test_triton_kernels.py", "test_hostile.py", "test_docs.py", "test_benchmark.py", "test_global_state.py",
+    "test_beyond_eager.py",
+})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The repro-script replays read the zoo runs other modules make: collected last, they find the
     runs made (under ``--dist loadfile`` modules are handed out in collection order) instead of
-    making one while its module's worker waits for it."""
-    items.sort(key=lambda item: item.path.name == "test_repro_scripts.py")
+    making one while its module's worker waits for it. The slowest modules go first (a stable sort:
+    the rest keep their order)."""
+    items.sort(key=lambda item: (item.path.name == "test_repro_scripts.py", item.path.name not in HEAVIEST_FIRST))
 
 
 def _shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

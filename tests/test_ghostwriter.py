@@ -177,3 +177,32 @@ def test_a_multi_dim_index_gets_the_tightest_bound_and_keyword_only_arguments_ar
 def test_once_differentiable_is_named_as_such() -> None:
     text = write_spec("tests.test_ghostwriter:Square", parse_example("x=torch.randn(3, 4)"))
     assert "double_backward=False,  # its gradients lead back to no input: backward is not differentiable" in text, text
+
+
+class ScaleInFloat32(torch.autograd.Function):
+    """A kernel that accumulates in float32 whatever the input dtype (as many Triton kernels do)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return (x.float() * 3).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return (g.float() * 3).to(g.dtype)
+
+
+def test_float64_is_listed_only_for_a_float64_computation() -> None:
+    """Forward runs on float64 inputs either way; listing float64 for a float32 kernel would fail
+    gradcheck on correct code, and leaving it out of an exact float64 op (a sort, a gather, a scale)
+    would lose gradcheck."""
+    text = write_spec("tests.test_ghostwriter:ScaleInFloat32", parse_example("x=torch.randn(3, 4)"))
+    assert "dtypes=(torch.float32, torch.float16, torch.bfloat16)" in text, text
+    assert "refused float64 (computes in float32" in text, text
+    for target, example in (("tests.test_ghostwriter:Gather", "table=torch.randn(8, 32), idx=torch.tensor([1, 5])"),
+                            ("tests.zoo.everyones_code_correct:SortRows", "x=torch.randn(3, 4)")):
+        assert "dtypes=(torch.float64," in write_spec(target, parse_example(example)), target
+
+
+def test_a_leading_batch_keeps_the_dims_a_lower_rank_input_lines_up_with() -> None:
+    text = write_spec("reference_ops.normalization:RMSNorm", parse_example("x=torch.randn(3, 5, 16), weight=torch.randn(16), eps=1e-6"))
+    assert "Tensor('x', '*batch n')" in text and "Tensor('weight', 'n')" in text, text

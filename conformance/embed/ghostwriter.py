@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from conformance.plugin.devices import choose_triton_interpreter
+
 __all__ = ["GhostwriterError", "load_target", "parse_example", "write_spec"]
 
 TRIED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -146,7 +148,8 @@ def _bound_values(target: Any, example: dict[str, Any]) -> tuple[list[str], list
 
 def _leading_batch(inference: Inference) -> tuple[int, ...]:
     """Leading sizes that every floating tensor of the largest rank shares, that no lower-rank
-    tensor uses, leaving at least one dim (two from rank 3)."""
+    tensor uses, leaving the trailing dims a lower-rank floating input lines up with (else two from
+    rank 3, one below)."""
     floating = [inference.values[i] for i in inference.tensor_positions(floating=True)]
     if not floating:
         return ()
@@ -154,7 +157,9 @@ def _leading_batch(inference: Inference) -> tuple[int, ...]:
     top = [v for v in floating if v.dim() == rank]
     others = {s for v in inference.values if isinstance(v, torch.Tensor) and v.dim() < rank for s in v.shape}
     others |= {t for v in inference.values if isinstance(v, torch.Tensor) and (t := _offsets_total(v, inference)) is not None}
-    keep = 2 if rank >= 3 else 1
+    lower = [v.dim() for v in floating if v.dim() < rank]
+    # Trailing dims a lower-rank input lines up with (an RMSNorm's weight: 1) stay; else two from rank 3 (s d).
+    keep = max(1, max(lower)) if lower else (2 if rank >= 3 else 1)
     prefix: list[int] = []
     for position in range(rank - keep):
         sizes = {v.shape[position] for v in top}
@@ -259,16 +264,30 @@ def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
 def _dtypes(inference: Inference) -> tuple[list[torch.dtype], dict[torch.dtype, str]]:
     accepted, refused = [], {}
     for dtype in TRIED_DTYPES:
-        args = [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else _copy(v) for v in inference.values]
+        # float64 inputs with bits float32 lacks (x * (1 + 2**-40)): a float64 computation keeps them
+        # in its outputs, even a sort or a gather; one in float32 drops them.
+        nudge = 1 + 2**-40 if dtype == torch.float64 else 1
+        args = [v.to(dtype) * nudge if isinstance(v, torch.Tensor) and v.is_floating_point() else _copy(v) for v in inference.values]
         try:
             with torch.no_grad():
                 outputs = _floating_outputs(inference.call(args))
         except Exception as error:
             refused[dtype] = f"{type(error).__name__}"
             continue
+        if dtype == torch.float64 and outputs and all(_float32_values(o) for o in outputs):
+            # A kernel that accumulates in float32 runs on float64 inputs, but gradcheck and the
+            # float64 truth need float64 precision: listing it would fail them on correct code.
+            refused[dtype] = "computes in float32: its float64 outputs are all float32 values"
+            continue
         if outputs:
             accepted.append(dtype)
     return accepted, refused
+
+
+def _float32_values(output: torch.Tensor) -> bool:
+    """Whether a float64 output holds only values float32 can represent (a float32 computation)."""
+    finite = output[torch.isfinite(output)]
+    return output.dtype == torch.float64 and finite.numel() > 0 and torch.equal(finite, finite.float().double())
 
 
 def _double_backward(inference: Inference, differentiable: dict[int, bool]) -> str:
@@ -365,6 +384,7 @@ def snake_case(name: str) -> str:
 
 def write_spec(target_text: str, example: dict[str, Any], *, name: str | None = None, example_text: str = "") -> str:
     """The spec module's text for ``target_text`` (module:Name) called with ``example``."""
+    choose_triton_interpreter()  # without CUDA, before the target's kernels are decorated
     target, module, attribute = load_target(target_text)
     names, values = _bound_values(target, example)
     inference = Inference(target, names, values)
@@ -440,7 +460,7 @@ def _render(target_text: str, module: str, attribute: str, spec_name: str, names
     ]
     tried = ", ".join(str(d).removeprefix("torch.") for d in TRIED_DTYPES)
     if torch.float64 not in accepted:
-        out.append("    # TODO: forward refused float64; gradcheck and the float64 truth need it")
+        out.append("    # float64 left out (see below): gradcheck and gradgradcheck will be n/a; the other contracts run")
     dtype_text = ", ".join(f"torch.{str(d).removeprefix('torch.')}" for d in accepted) + ("," if len(accepted) == 1 else "")
     refused_text = "; refused " + ", ".join(f"{str(d).removeprefix('torch.')} ({why})" for d, why in refused.items()) if refused else ""
     out.append(f"    dtypes=({dtype_text}),  # forward ran in these of {tried}{refused_text}")

@@ -140,28 +140,11 @@ def make_specs(fn: Any, /, **keywords: Any) -> list[Spec]:
     name = options["name"]
     spec_name = name if name is not None else getattr(fn, "__name__", None) or getattr(fn, "_name", None) or repr(fn)
     origin, registered_at = _caller()
+    # register()'s keywords are _build_spec's, but for name (spec_name), autotune (copies) and compile.
+    passed = {k: v for k, v in options.items() if k not in ("name", "autotune", "compile", "tolerances", "waivers")}
     spec = _build_spec(
-        fn,
-        spec_name=spec_name,
-        inputs=options["inputs"],
-        reference=options["reference"],
-        dtypes=options["dtypes"],
-        devices=options["devices"],
-        double_backward=options["double_backward"],
-        surrogate=options["surrogate"],
-        mutates=options["mutates"],
-        nondeterministic=options["nondeterministic"],
-        tolerances=options["tolerances"] or {},
-        waivers=options["waivers"] or {},
-        timeout=options["timeout"],
-        saves=options["saves"],
-        dims=options["dims"],
-        max_elements=options["max_elements"],
-        max_examples=options["max_examples"],
-        fast_gradcheck=options["fast_gradcheck"],
-        compile_promises=options["compile"],
-        origin=origin,
-        registered_at=registered_at,
+        fn, spec_name=spec_name, **passed, tolerances=options["tolerances"] or {}, waivers=options["waivers"] or {},
+        compile_promises=options["compile"], origin=origin, registered_at=registered_at,
     )
     return _autotune_specs(spec, options["autotune"])
 

@@ -13,13 +13,16 @@ serve it; sizes 0 and 1 are specialised) are advice on correct code, unless the 
 ``compile="fullgraph"`` / ``compile="dynamic"``; correctness is then checked with graph breaks
 allowed. A value that is right in eager and wrong compiled, or an error only compiled code
 raises, is a defect -- or upstream (torch's bug) when Dynamo's trace alone (``backend="eager"``)
-agrees with eager and only AOTAutograd or Inductor differs. A custom op whose fake kernel is
+agrees with eager and only AOTAutograd or Inductor differs, or when this torch's Dynamo is wrong on a
+correct canary Function (torch 2.11 is) and the Function's compile-only branch, run eagerly with
+``is_compiling()`` True, shows no difference of its own. A custom op whose fake kernel is
 wrong is opcheck's finding (blocked by opcheck here). Costly: one example per test unless
 ``--max-examples`` is given.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -198,6 +201,60 @@ def _dynamo_alone(target: Target, case: Case, grad_outputs: dict[int, torch.Tens
         return error
 
 
+class _NoOpCastReturn(torch.autograd.Function):
+    """A correct Function whose forward returns ``y.to(x.dtype)`` with ``y`` already of that dtype
+    (the no-op cast every upcast-compute-downcast kernel makes in its own dtype)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.unsqueeze(-1).expand(*grad.shape, 3).clone()
+
+
+@functools.cache
+def dynamo_canary_failure() -> str:
+    """What Dynamo's own trace (backend 'eager') of a correct canary Function gets wrong on this
+    torch, or "". torch 2.11 returns zero gradients for ``_NoOpCastReturn`` (2.13 is right): with
+    such a Dynamo, a difference between Dynamo's trace and eager does not show the Function's defect."""
+    torch._dynamo.reset()
+    x = torch.tensor([0.5, -1.25, 2.0], dtype=torch.float64, requires_grad=True)
+    grad = torch.tensor(0.75, dtype=torch.float64)
+    try:
+        traced = torch.compile(_NoOpCastReturn.apply, backend="eager", fullgraph=True)
+        (found,) = torch.autograd.grad([traced(x)], [x], [grad])
+    except Exception:  # a Dynamo that cannot trace it says nothing about wrong values
+        return ""
+    finally:
+        torch._dynamo.reset()
+    if torch.equal(found, torch.full_like(x, 0.75)):
+        return ""
+    return (
+        f"under torch {torch.__version__}, Dynamo's trace alone (backend='eager') gives grad {found.tolist()} instead of "
+        f"[0.75, 0.75, 0.75] for a correct canary Function whose forward returns x.sum(-1).to(x.dtype)"
+    )
+
+
+_IS_COMPILING = ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling"), (torch._dynamo, "is_compiling"))
+
+
+def _compiling_branch_eagerly(target: Target, case: Case, grad_outputs: dict[int, torch.Tensor]) -> Evaluated | BaseException:
+    """The case run eagerly with ``torch.compiler.is_compiling()`` (and its aliases) returning True:
+    the branch a Function takes only under compile, without Dynamo, or what it raised."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _IS_COMPILING if hasattr(owner, name)]
+    try:
+        for owner, name, _ in saved:
+            setattr(owner, name, lambda: True)
+        return outputs_and_grads(target.spec.op.call, case, grad_outputs)[0]
+    except Exception as error:
+        return error
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 def _upstream_or_defect(
     target: Target, case: Case, backend: str, eager: Evaluated, grad_outputs: dict[int, torch.Tensor],
     summary: str, details: Sequence[str],
@@ -218,6 +275,20 @@ def _upstream_or_defect(
                "or have forward write into a new tensor" if target.spec.mutates else "") + ".",
             "Torch-only repro to file at https://github.com/pytorch/pytorch/issues (it needs only torch and this Function):",
             torch_only_script(case, grad_outputs, backend),
+        )
+    canary = dynamo_canary_failure()
+    if canary:
+        branch = _compiling_branch_eagerly(target, case, grad_outputs)
+        if isinstance(branch, Evaluated):
+            own = _mismatch(target, case, eager, branch, grad_outputs, f"{target.spec.display_name}, eager with is_compiling()=True")
+            if own is not None:
+                fail(summary, *details, f"The Function's own compile-only branch shows it without Dynamo: {own.summary}")
+        upstream(
+            f"torch's bug, most likely: Dynamo is wrong on a correct canary Function on this torch, so a compiled "
+            f"difference cannot be blamed on the Function: {summary}",
+            *details,
+            f"Canary: {canary}. Rerun on a torch whose Dynamo passes it (2.13 does) to judge this Function's compiled "
+            "gradients.",
         )
     fail(summary, *details)
 

@@ -5,7 +5,10 @@ its zoo bug and only that, its correct twin passes everything, custom ops are fi
 from __future__ import annotations
 
 import pytest
+import torch
 
+import conformance
+from conformance import Tensor, test_compile
 from tests.conftest import ZOO
 
 # Each zoo bug, the contracts it may fail (the first is its owner), and a contract that must pass
@@ -175,3 +178,38 @@ def test_a_spec_whose_function_is_replaced_calls_the_new_one() -> None:
     replaced = dataclasses.replace(spec, fn=PlusTwo)
     assert replaced.op.call(torch.zeros(1)).item() == 2.0, "the replaced spec still calls PlusOne"
     assert spec.op.call(torch.zeros(1)).item() == 1.0
+
+
+class _TripleUnderCompile(torch.autograd.Function):
+    """y = 2x; backward's compile-only branch returns 3g (eager's 2g is right)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad * 3 if torch.compiler.is_compiling() else grad * 2
+
+
+def test_a_dynamo_wrong_on_the_canary_convicts_only_a_compile_only_branch_eager_shows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """torch 2.11's Dynamo gives zero gradients for a correct Function whose forward returns a no-op
+    ``.to(x.dtype)``: there, every upcasting reference op failed compile. A Dynamo that fails the
+    canary convicts a Function only through evidence without Dynamo: its compile-only branch, run
+    eagerly with ``is_compiling()`` True. This torch's Dynamo passes it: the same bug is a defect."""
+    keywords = {"inputs": [Tensor("x", "n")], "reference": lambda x: x * 2, "device": "cpu", "dtypes": ["float64"],
+                "contracts": ["compile"], "max_examples": 1, "raise_on_failure": False}
+    assert test_compile.dynamo_canary_failure() == "", "this torch's Dynamo fails the canary"
+    plain = conformance.check(_TripleUnderCompile, **keywords)
+    assert plain.outcome("compile") == "failed" and "compile-only branch" not in plain.results[0].verdict.message
+    monkeypatch.setattr(test_compile, "dynamo_canary_failure", lambda: "grad [0.0] instead of [0.75] (simulated)")
+    convicted = conformance.check(_TripleUnderCompile, **keywords)
+    assert convicted.outcome("compile") == "failed", str(convicted)
+    text = convicted.results[0].verdict.message
+    assert "The Function's own compile-only branch shows it without Dynamo" in text and "is_compiling()=True" in text, text
+    # No such evidence (the branch is not taken eagerly): the difference may be Dynamo's alone.
+    monkeypatch.setattr(test_compile, "_compiling_branch_eagerly", lambda *args: RuntimeError("no evidence"))
+    doubted = conformance.check(_TripleUnderCompile, **keywords)
+    assert doubted.outcome("compile") == "upstream", str(doubted)
+    text = doubted.results[0].verdict.message
+    assert "Dynamo is wrong on a correct canary Function" in text and "(simulated)" in text, text

@@ -19,10 +19,11 @@ from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, dim_bounds
-from strategies.coverage import finite_values
+from conformance.spec.inputs import AdditiveMask, Mask, Tensor
+from strategies.coverage import BROADCAST_LABEL, GRAD_KIND_LABEL, REQUIRES_GRAD_LABEL, finite_values
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
-from strategies.draw import PartialCase, draw_recipe, shape_of
-from strategies.inputs import device_supports, dtypes_for, requires_grad_subsets
+from strategies.draw import PartialCase, cornered, draw_recipe, shape_of
+from strategies.inputs import device_supports, dtypes_for, requires_grad_classes, requires_grad_subsets
 from strategies.layouts import GRAD_LAYOUTS, LAYOUTS, apply_grad_layout, apply_layout, layouts
 from strategies.options import CaseOptions
 from strategies.recipes import Recipe, ScalarRecipe, TensorRecipe
@@ -37,6 +38,7 @@ __all__ = [
     "apply_grad_layout",
     "apply_layout",
     "broadcast_forms",
+    "case_kinds",
     "cases",
     "fit_to_budget",
     "layouts",
@@ -237,6 +239,25 @@ def _numel(shape: tuple[int, ...]) -> int:
     return total
 
 
+def case_kinds(spec: Spec, options: CaseOptions) -> tuple[tuple[str, int], ...]:
+    """(label, number of values) of each categorical draw ``options`` varies for ``spec`` beyond its
+    own inputs' values: the coverage phase takes each value in turn (:func:`coverage_corners`)."""
+    kinds: list[tuple[str, int]] = []
+    differentiable = [i.name for i in spec.differentiable_inputs]
+    if options.requires_grad != "all" and differentiable:
+        classes = requires_grad_classes(differentiable, min_size=1 if options.requires_grad == "nonempty" else 0)
+        kinds.append((REQUIRES_GRAD_LABEL, len(classes)))
+    if options.broadcast and any(getattr(i, "broadcast_tokens", lambda: None)() for i in spec.inputs):
+        kinds.append((BROADCAST_LABEL, 2))
+    for spec_input in spec.inputs:
+        if isinstance(spec_input, (Mask, AdditiveMask)):
+            kinds.append((f"{spec_input.name} mask kind", len(options.mask_kinds)))
+        elif isinstance(spec_input, Tensor):
+            kinds.append((f"{spec_input.name} layout", len(options.layouts)))
+    kinds.append((GRAD_KIND_LABEL, len(options.grad_output_kinds)))
+    return tuple((label, count) for label, count in kinds if count > 1)
+
+
 @st.composite
 def cases(
     draw: st.DrawFn,
@@ -306,11 +327,13 @@ def cases(
     if chosen.requires_grad == "all" or not differentiable:
         wanted = frozenset(differentiable)
     else:
-        wanted = draw(
-            requires_grad_subsets(differentiable, min_size=1 if chosen.requires_grad == "nonempty" else 0), label="requires_grad"
-        )
+        min_size = 1 if chosen.requires_grad == "nonempty" else 0
+        subsets = requires_grad_subsets(differentiable, min_size=min_size)
+        if corner is not None and corner.choice(REQUIRES_GRAD_LABEL) is not None:
+            subsets = st.sampled_from(requires_grad_classes(differentiable, min_size=min_size))
+        wanted = draw(cornered(subsets, REQUIRES_GRAD_LABEL, corner), label=REQUIRES_GRAD_LABEL)
     grad_seed = distinct_seed(draw(value_seeds(), label="grad_output seed"), "grad_output")
-    grad_kind = draw(st.sampled_from(tuple(chosen.grad_output_kinds)), label="grad_output kind")
+    grad_kind = draw(cornered(st.sampled_from(tuple(chosen.grad_output_kinds)), GRAD_KIND_LABEL, corner), label=GRAD_KIND_LABEL)
     grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
     return Case(
         spec=spec, device=device, dtype=dtype, sizes=sizes, batches=batches,

@@ -16,7 +16,11 @@ What the corners cover (:func:`coverage_corners`):
   ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
   ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
   (<, =, >) between two dims that stand in the same place of two inputs (q_len and k_len);
-* every dtype, one per corner in turn.
+* every dtype, one per corner in turn, and so every value of the categorical draws the contract
+  varies beyond the spec (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each
+  input alone and none; broadcast off and on; each mask kind, input layout and grad_output kind).
+  These go one at a time, not pairwise: pairs of them would multiply the corners of the six
+  contracts that vary them for bugs that need one value, not a pair.
 """
 
 from __future__ import annotations
@@ -34,13 +38,17 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "Corner", "coverage_corners", "describe_coverage", "finite_values", "pairwise_rows"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "pairwise_rows"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
 NEUTRAL_SIZE = 3  # a dim no corner sets: odd, above 1, below every block
 FROM_CASE_VARIANTS = 4  # a from_case Scalar's values are known per case only: indices 0..3 of them
 RELATIONS = ("<", "=", ">")
+# Labels of the draws a contract's case kinds make (strategies.cases.case_kinds).
+BROADCAST_LABEL = "broadcast"
+REQUIRES_GRAD_LABEL = "requires_grad"
+GRAD_KIND_LABEL = "grad_output kind"
 MAX_RELATIONS = 2
 
 
@@ -172,9 +180,13 @@ def _size_corners(name: str, bound: DimBounds, rule: DimRule, fits: Any) -> tupl
     return list(dict.fromkeys(small)), [s for s in dict.fromkeys(legal) if s not in small and fits(name, s)]
 
 
-def coverage_corners(spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements: int, max_batch_dims: int) -> tuple[Corner, ...]:
-    """The corners of ``spec`` (see the module's docstring), deterministic: the same spec, dtypes
-    and budget always give the same corners, in the same order."""
+def coverage_corners(
+    spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements: int, max_batch_dims: int, kinds: Sequence[tuple[str, int]] = (),
+) -> tuple[Corner, ...]:
+    """The corners of ``spec`` (see the module's docstring), deterministic: the same spec, dtypes,
+    budget and case kinds always give the same corners, in the same order. ``kinds``: (label,
+    number of values) of each categorical draw the contract varies beyond the spec
+    (:func:`strategies.cases.case_kinds`), each value in turn, as dtypes are."""
     rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
     names = spec.dim_names
     bounds = dim_bounds(names, rules)
@@ -205,7 +217,8 @@ def coverage_corners(spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements:
     # factors cover pairs as any row's do.
     fixed = [{k: -1 for k, f in enumerate(factors) if f.kind == "relation"} for _ in sized]
     rows = pairwise_rows([f.levels for f in factors], fixed)
-    rows += [rows[i % len(rows)] for i in range(len(rows), len(dtypes))]  # every dtype at least once
+    turns = max([len(dtypes), *(levels for _, levels in kinds)])
+    rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
     corners = []
     for index, levels in enumerate(rows):
         relations = {f.key: RELATIONS[level] for f, level in zip(factors, levels) if f.kind == "relation"}
@@ -214,7 +227,8 @@ def coverage_corners(spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements:
             sizes=tuple(sizes.items()),
             batch_ranks=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "batch"),
             dtype_index=index % max(len(dtypes), 1),
-            choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice"),
+            choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice")
+            + tuple((label, index % count) for label, count in kinds),
         ))
     return tuple(dict.fromkeys(corners))
 

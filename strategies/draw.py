@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conformance.spec import Spec
 from conformance.spec.inputs import AdditiveMask, Derived, Index, Mask, Offsets, Scalar, Shaped, Tensor
-from strategies.coverage import finite_values
+from strategies.coverage import BROADCAST_LABEL, Corner, finite_values
 from strategies.dims import broadcast_forms
 from strategies.options import CaseOptions
 from strategies.recipes import (
@@ -34,7 +34,7 @@ from strategies.recipes import (
 )
 from strategies.values import distinct_seed, magnitudes, mask_densities, value_seeds
 
-__all__ = ["SENTINEL_FRACTIONS", "PartialCase", "draw_recipe", "drawn_shape", "shape_of"]
+__all__ = ["SENTINEL_FRACTIONS", "PartialCase", "cornered", "draw_recipe", "drawn_shape", "most_broadcast", "shape_of"]
 
 # Shares of an Index input set to its sentinels: none (shrinks here), some, all.
 SENTINEL_FRACTIONS = (0.0, 0.3, 1.0)
@@ -110,7 +110,18 @@ def drawn_shape(spec_input: Shaped, draw: st.DrawFn, case: PartialCase) -> tuple
     allowed = tuple(label in tokens for label in parsed.labels(case.batches))
     if not any(allowed):
         return shape
+    level = case.options.corner.choice(BROADCAST_LABEL) if case.options.corner is not None else None
+    if level is not None:  # a corner: the declared shape, or its most broadcast form
+        return draw(st.just(most_broadcast(shape, allowed) if level % 2 else shape), label=f"{spec_input.name} broadcast shape")
     return draw(broadcast_forms(shape, allowed=allowed), label=f"{spec_input.name} broadcast shape")
+
+
+def most_broadcast(shape: tuple[int, ...], allowed: Sequence[bool]) -> tuple[int, ...]:
+    """The smallest shape that broadcasts to ``shape``: leading allowed dims dropped, other allowed dims 1."""
+    lead = 0
+    while lead < len(shape) and allowed[lead]:
+        lead += 1
+    return tuple(1 if ok else size for size, ok in zip(shape[lead:], allowed[lead:]))
 
 
 @functools.singledispatch
@@ -127,7 +138,7 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     shape = drawn_shape(spec_input, draw, case)
     scale = draw(magnitudes(dtype=case.dtype, extreme=options.extreme), label=f"{name} scale")
     constant = options.constant_rows and not options.spacing and draw(st.booleans(), label=f"{name} constant rows")
-    layout = draw(st.sampled_from(tuple(options.layouts)), label=f"{name} layout")
+    layout = draw(_cornered(st.sampled_from(tuple(options.layouts)), f"{name} layout", case), label=f"{name} layout")
     # Only constant rows can be stored stride-0 with the same values.
     constant = constant or layout == "expanded"
     pattern = "random"
@@ -145,7 +156,7 @@ def _draw_mask_of(recipe_class: type[MaskRecipe], spec_input: Mask, draw: st.Dra
     name = spec_input.name
     shape = spec_input.parsed.concrete(case.sizes, case.batches)
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
-    kind = draw(st.sampled_from(tuple(case.options.mask_kinds)), label=f"{name} mask kind")
+    kind = draw(_cornered(st.sampled_from(tuple(case.options.mask_kinds)), f"{name} mask kind", case), label=f"{name} mask kind")
     density = draw(mask_densities(), label=f"{name} mask density") if kind in ("random", "masked_rows") else 0.7
     return recipe_class(name, shape=shape, seed=seed, mask_kind=kind, density=density)
 
@@ -187,8 +198,12 @@ def _draw_scalar(spec_input: Scalar, draw: st.DrawFn, case: PartialCase) -> Reci
 
 
 def _cornered(strategy: st.SearchStrategy[Any], label: str, case: PartialCase) -> st.SearchStrategy[Any]:
+    return cornered(strategy, label, case.options.corner)
+
+
+def cornered(strategy: st.SearchStrategy[Any], label: str, corner: Corner | None) -> st.SearchStrategy[Any]:
     """``strategy``, or the value a coverage corner picks from its finite values (by index)."""
-    index = case.options.corner.choice(label) if case.options.corner is not None else None
+    index = corner.choice(label) if corner is not None else None
     values = finite_values(strategy) if index is not None else None
     return st.just(values[index % len(values)]) if values and index is not None else strategy
 

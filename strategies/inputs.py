@@ -10,7 +10,7 @@ from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Spec
 
-__all__ = ["device_supports", "dtypes_for", "requires_grad_subsets"]
+__all__ = ["device_supports", "dtypes_for", "requires_grad_classes", "requires_grad_subsets"]
 
 
 def device_supports(device: str, dtype: torch.dtype) -> bool:
@@ -43,6 +43,17 @@ def dtypes_for(
             f"no dtype left for spec {spec.name!r} on device={device!r}: spec dtypes {spec.dtypes}, dtypes={dtypes!r}"
         )
     return st.sampled_from(chosen)
+
+
+def requires_grad_classes(names: Sequence[str], *, min_size: int = 0) -> tuple[frozenset[str], ...]:
+    """One subset of each class the coverage phase runs: every name, each name alone, and (with
+    ``min_size=0``) none; the bugs of a backward that assumes all of its inputs require grad.
+    Example: ``requires_grad_classes(["q", "k"]) -> (frozenset({'q', 'k'}), frozenset({'q'}), frozenset({'k'}), frozenset())``.
+    """
+    classes = [frozenset(names), *(frozenset({name}) for name in names if len(names) > 1)]
+    if min_size == 0:
+        classes.append(frozenset())
+    return tuple(dict.fromkeys(classes))
 
 
 def requires_grad_subsets(names: Sequence[str], *, min_size: int = 0) -> st.SearchStrategy[frozenset[str]]:

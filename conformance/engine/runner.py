@@ -60,7 +60,7 @@ from conformance.engine.watchdog import (
     phase_marks,
 )
 from conformance.spec import Spec
-from strategies.cases import LAYOUTS, Case, CaseOptions, cases
+from strategies.cases import LAYOUTS, Case, CaseOptions, case_kinds, cases
 from strategies.coverage import Corner, coverage_corners
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
@@ -302,7 +302,10 @@ class Target:
         budget = self.case_options.max_elements
         if self.spec.max_elements is not None:
             budget = min(budget, self.spec.max_elements)
-        return coverage_corners(self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims)
+        return coverage_corners(
+            self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims,
+            kinds=case_kinds(self.spec, self.case_options),
+        )
 
     def _phases(self, max_examples: int | None) -> list[tuple[Corner | None, int]]:
         """(corner, examples) runs. Under a profile's count: one example per corner, then random

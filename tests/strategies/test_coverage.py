@@ -11,9 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import Dim, Index, Scalar, Tensor
+from conformance import Dim, Index, Mask, Scalar, Tensor
 from strategies import CaseOptions, cases
+from strategies.cases import case_kinds
 from strategies.coverage import BIG_SIZES, Corner, coverage_corners, describe_coverage, finite_values, pairwise_rows
+from strategies.draw import most_broadcast
+from strategies.inputs import requires_grad_classes
 from tests.strategies.helpers import checked_spec, collect_examples
 
 ATTENTION = checked_spec(
@@ -113,3 +116,48 @@ def test_the_coverage_line_says_what_the_corners_reach() -> None:
     line = describe_coverage(ATTENTION, _corners(), ATTENTION.dtypes)
     assert line.startswith(f"{len(_corners())} corners: sizes up to 129")
     assert "causal: 2/2 values" in line and "m vs n: <, =, >" in line and "dtypes 3/3" in line
+
+
+MASKED = checked_spec(
+    [Tensor("x", "b n", broadcastable=True), Tensor("w", "n"), Mask("mask", "b n")], dtypes=(torch.float64, torch.float32),
+)
+VARIED = CaseOptions(
+    requires_grad="nonempty", broadcast=True, layouts=("contiguous", "transposed", "sliced"),
+    mask_kinds=("random", "all_true", "causal"), grad_output_kinds=("random", "per_row", "noncontiguous", "zeros"),
+)
+
+
+def test_case_kinds_list_what_the_contract_varies_beyond_the_spec() -> None:
+    assert case_kinds(MASKED, VARIED) == (
+        ("requires_grad", 3), ("broadcast", 2), ("x layout", 3), ("w layout", 3), ("mask mask kind", 3), ("grad_output kind", 4),
+    )
+    assert case_kinds(MASKED, CaseOptions()) == (("mask mask kind", 3),)  # every contract draws 3 mask kinds
+    assert case_kinds(MASKED, CaseOptions(mask_kinds=("random",))) == ()  # one value each: no turns to take
+    assert requires_grad_classes(["q", "k"]) == (frozenset({"q", "k"}), frozenset({"q"}), frozenset({"k"}), frozenset())
+    assert requires_grad_classes(["x"], min_size=1) == (frozenset({"x"}),)
+
+
+def test_every_value_of_every_case_kind_gets_a_corner_and_a_case_drawn_there_has_it() -> None:
+    kinds = case_kinds(MASKED, VARIED)
+    corners = coverage_corners(MASKED, dtypes=MASKED.dtypes, max_elements=512, max_batch_dims=2, kinds=kinds)
+    for label, count in kinds:
+        assert {c.choice(label) for c in corners} == set(range(count)), label
+    seen: dict[str, set[object]] = {"requires_grad": set(), "broadcast": set(), "layout": set(), "mask": set(), "grad": set()}
+    for corner in corners:
+        (case,) = collect_examples(cases(MASKED, VARIED.replace(corner=corner)), 1)
+        recipes = {r.name: r for r in case.recipes}
+        assert case.requires_grad == requires_grad_classes(["x", "w"], min_size=1)[corner.choice("requires_grad") or 0]
+        assert case.grad_kind == VARIED.grad_output_kinds[corner.choice("grad_output kind") or 0]
+        assert recipes["mask"].mask_kind == VARIED.mask_kinds[corner.choice("mask mask kind") or 0]
+        assert recipes["x"].layout == VARIED.layouts[corner.choice("x layout") or 0]
+        full = (case.sizes["b"], case.sizes["n"])
+        assert recipes["x"].shape == (() if corner.choice("broadcast") else full), (corner, recipes["x"].shape)
+        seen["requires_grad"].add(case.requires_grad)
+        seen["grad"].add(case.grad_kind)
+    assert len(seen["requires_grad"]) == 3 and seen["grad"] == set(VARIED.grad_output_kinds)
+
+
+def test_the_most_broadcast_form_drops_leading_dims_and_ones_the_rest() -> None:
+    assert most_broadcast((2, 3, 4), (True, True, True)) == ()
+    assert most_broadcast((2, 3, 1, 4), (True, False, True, False)) == (3, 1, 4)
+    assert most_broadcast((2, 3), (False, True)) == (2, 1)

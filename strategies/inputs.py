@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -71,6 +72,12 @@ def requires_grad_subsets(names: Sequence[str], *, min_size: int = 0) -> st.Sear
         raise InvalidArgument(f"min_size={min_size!r} must be an int in [0, len(names)={len(names)}]")
     if not names:
         return st.just(frozenset())
+    return _subsets(tuple(names), min_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _subsets(names: tuple[str, ...], min_size: int) -> st.SearchStrategy[frozenset[str]]:
+    """One strategy object per (names, min_size): Hypothesis validates a new one on its first draw."""
     # One boolean per name: every subset is equally reachable and each input shrinks
     # independently towards "no grad" (a list of sampled names would favour small subsets).
     flags = st.tuples(*(st.booleans() for _ in names))

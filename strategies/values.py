@@ -9,6 +9,7 @@ a spec module may change) never shape a generated value.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Sequence
@@ -51,14 +52,18 @@ def distinct_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{int(seed)}|{name}".encode()) & 0x7FFFFFFF
 
 
+_VALUE_SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
+
+
 def value_seeds() -> st.SearchStrategy[int]:
     """Seeds for :func:`tensor_from_seed`.
 
     Shrinks towards 0. Example: ``value_seeds().example() -> 1734``.
     """
-    return st.integers(min_value=0, max_value=2**31 - 1)
+    return _VALUE_SEEDS  # one object: Hypothesis validates a strategy on its first draw
 
 
+@functools.cache
 def magnitudes(*, dtype: torch.dtype = torch.float32, extreme: bool = False) -> st.SearchStrategy[float]:
     """Scale factors for generated values.
 
@@ -120,8 +125,18 @@ def tensor_from_seed(
         raise InvalidArgument(f"spacing={spacing!r} must be a finite number >= 0")
     if spacing and (constant_rows or pattern != "random"):
         raise InvalidArgument("spacing > 0 keeps values apart; it cannot be combined with constant_rows or a ties/near_zero pattern")
-    generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    shape = tuple(int(s) for s in shape)
+    values = _float64_values(tuple(int(s) for s in shape), int(seed), domain, float(scale), bool(constant_rows), pattern, float(spacing), tuple(kinks))
+    return values.to(dtype=dtype, device=device, copy=True)  # never the cached tensor itself: callers may write to it
+
+
+@functools.lru_cache(maxsize=512)
+def _float64_values(
+    shape: tuple[int, ...], seed: int, domain: Domain, scale: float, constant_rows: bool, pattern: str, spacing: float,
+    kinks: tuple[float, ...],
+) -> torch.Tensor:
+    """tensor_from_seed's values in float64 on the CPU, once per arguments: every contract builds a
+    case's inputs again for each evaluation, and each dtype."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
     uniform = torch.rand(shape, generator=generator, dtype=torch.float64, device="cpu")
     if domain == "real":
         values = torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * scale
@@ -154,7 +169,7 @@ def tensor_from_seed(
         values = values[..., :1].expand(shape).clone()
     if spacing:
         values = spread(values, spacing, kinks=kinks, bounds=_drawn_bounds(domain, scale))
-    return values.to(dtype=dtype).to(device)
+    return values
 
 
 def _drawn_bounds(domain: Domain, scale: float) -> tuple[float, float, tuple[tuple[float, float], ...]]:

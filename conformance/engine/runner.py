@@ -143,6 +143,7 @@ class Target:
     concluded: bool = field(default=False, repr=False)  # a verdict was written (see conclude)
     corner: Corner | None = field(default=None, repr=False)  # the coverage phase's, for an example's first case
     corner_pending: bool = field(default=False, repr=False)
+    case_strategies: dict[CaseOptions, st.SearchStrategy[Case]] = field(default_factory=dict, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -244,7 +245,10 @@ class Target:
             chosen = chosen.replace(corner=self.corner)  # an example's first case only: compile grows later ones
             self.corner_pending = False
         self._blocked_by_a_hang()
-        case = data.draw(cases(self.spec, chosen, device=self.device), label="case")
+        strategy = self.case_strategies.get(chosen)
+        if strategy is None:  # one per options: Hypothesis validates a new strategy object on its first draw
+            strategy = self.case_strategies[chosen] = cases(self.spec, chosen, device=self.device)
+        case = data.draw(strategy, label="case")
         if self.context is not None:
             self.context.use_case(case)
         if self.flight is not None:
@@ -333,11 +337,15 @@ class Target:
             self._require_checked()
             return
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
+        base_settings = self.options.hypothesis_settings()
         try:
             for corner, examples in self._phases(max_examples):
                 self.corner = corner
-                run_settings = settings(self.options.hypothesis_settings(), max_examples=examples)
-                run_settings(seed(test_seed)(given(data=st.data())(property_)))()
+                test = seed(test_seed)(given(data=st.data())(property_))
+                # No example database: without a key Hypothesis hashes the property's source on
+                # every run (~4 ms, a tenth of the main job's CPU at one run per corner).
+                test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
+                settings(base_settings, max_examples=examples)(test)()
         except Blocked as blocked:
             self.skip_blocked(blocked)
         except UpstreamFailure as found:

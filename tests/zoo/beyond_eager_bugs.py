@@ -258,8 +258,9 @@ class AutocastMatmulGradDtype(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         x, w = ctx.saved_tensors
-        gx = grad_out @ w.t() if ctx.needs_input_grad[0] else None  # BUG: bfloat16 under autocast; needs .to(x.dtype)
-        gw = x.t() @ grad_out if ctx.needs_input_grad[1] else None  # BUG: bfloat16 under autocast; needs .to(w.dtype)
+        # In grad_out's dtype on every device (CUDA's autocast is not re-entered by custom_bwd(device_type="cpu")).
+        gx = grad_out @ w.t().to(grad_out.dtype) if ctx.needs_input_grad[0] else None  # BUG: the autocast dtype; needs .to(x.dtype)
+        gw = x.t().to(grad_out.dtype) @ grad_out if ctx.needs_input_grad[1] else None  # BUG: the autocast dtype; needs .to(w.dtype)
         return gx, gw
 
 

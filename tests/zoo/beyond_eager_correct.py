@@ -231,8 +231,9 @@ class AutocastMatmul(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         x, w = ctx.saved_tensors
-        gx = (grad_out @ w.t()).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (x.t() @ grad_out).to(w.dtype) if ctx.needs_input_grad[1] else None
+        # In grad_out's dtype on every device (CUDA's autocast is not re-entered by custom_bwd(device_type="cpu")).
+        gx = (grad_out @ w.t().to(grad_out.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        gw = (x.t().to(grad_out.dtype) @ grad_out).to(w.dtype) if ctx.needs_input_grad[1] else None
         return gx, gw
 
 

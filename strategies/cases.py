@@ -20,7 +20,14 @@ from hypothesis.errors import InvalidArgument
 from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, dim_bounds
 from conformance.spec.inputs import AdditiveMask, Mask, Tensor
-from strategies.coverage import BROADCAST_LABEL, GRAD_KIND_LABEL, REQUIRES_GRAD_LABEL, finite_values
+from strategies.coverage import (
+    BROADCAST_LABEL,
+    GRAD_KIND_LABEL,
+    REQUIRES_GRAD_LABEL,
+    finite_values,
+    layout_label,
+    mask_kind_label,
+)
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, cornered, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_classes, requires_grad_subsets
@@ -251,9 +258,9 @@ def case_kinds(spec: Spec, options: CaseOptions) -> tuple[tuple[str, int], ...]:
         kinds.append((BROADCAST_LABEL, 2))
     for spec_input in spec.inputs:
         if isinstance(spec_input, (Mask, AdditiveMask)):
-            kinds.append((f"{spec_input.name} mask kind", len(options.mask_kinds)))
+            kinds.append((mask_kind_label(spec_input.name), len(options.mask_kinds)))
         elif isinstance(spec_input, Tensor):
-            kinds.append((f"{spec_input.name} layout", len(options.layouts)))
+            kinds.append((layout_label(spec_input.name), len(options.layouts)))
     kinds.append((GRAD_KIND_LABEL, len(options.grad_output_kinds)))
     return tuple((label, count) for label, count in kinds if count > 1)
 

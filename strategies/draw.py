@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conformance.spec import Spec
 from conformance.spec.inputs import AdditiveMask, Derived, Index, Mask, Offsets, Scalar, Shaped, Tensor
-from strategies.coverage import BROADCAST_LABEL, Corner, finite_values
+from strategies.coverage import BROADCAST_LABEL, Corner, finite_values, layout_label, mask_kind_label
 from strategies.dims import broadcast_forms
 from strategies.options import CaseOptions
 from strategies.recipes import (
@@ -138,7 +138,7 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     shape = drawn_shape(spec_input, draw, case)
     scale = draw(magnitudes(dtype=case.dtype, extreme=options.extreme), label=f"{name} scale")
     constant = options.constant_rows and not options.spacing and draw(st.booleans(), label=f"{name} constant rows")
-    layout = draw(_cornered(st.sampled_from(tuple(options.layouts)), f"{name} layout", case), label=f"{name} layout")
+    layout = draw(_cornered(st.sampled_from(tuple(options.layouts)), layout_label(name), case), label=layout_label(name))
     # Only constant rows can be stored stride-0 with the same values.
     constant = constant or layout == "expanded"
     pattern = "random"
@@ -156,7 +156,7 @@ def _draw_mask_of(recipe_class: type[MaskRecipe], spec_input: Mask, draw: st.Dra
     name = spec_input.name
     shape = spec_input.parsed.concrete(case.sizes, case.batches)
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
-    kind = draw(_cornered(st.sampled_from(tuple(case.options.mask_kinds)), f"{name} mask kind", case), label=f"{name} mask kind")
+    kind = draw(_cornered(st.sampled_from(tuple(case.options.mask_kinds)), mask_kind_label(name), case), label=mask_kind_label(name))
     density = draw(mask_densities(), label=f"{name} mask density") if kind in ("random", "masked_rows") else 0.7
     return recipe_class(name, shape=shape, seed=seed, mask_kind=kind, density=density)
 
@@ -233,7 +233,7 @@ def _draw_derived(spec_input: Derived, draw: st.DrawFn, case: PartialCase) -> Re
         shape = source.shape  # drawn like its source: tables of one call share their broadcast form
     else:
         shape = drawn_shape(spec_input, draw, case)
-    layout = draw(st.sampled_from(tuple(case.options.layouts)), label=f"{name} layout")
+    layout = draw(st.sampled_from(tuple(case.options.layouts)), label=layout_label(name))
     if layout == "expanded":
         layout = "contiguous"  # computed values: no constant rows to store stride-0
     return DerivedRecipe(

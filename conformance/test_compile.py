@@ -237,13 +237,15 @@ def dynamo_canary_failure() -> str:
     )
 
 
-_IS_COMPILING = ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling"), (torch._dynamo, "is_compiling"))
+def _is_compiling_flags() -> tuple[tuple[object, str], ...]:
+    # Resolved when used: reading torch._dynamo at import would import Dynamo (~1 s) in every run.
+    return ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling"), (torch._dynamo, "is_compiling"))
 
 
 def _compiling_branch_eagerly(target: Target, case: Case, grad_outputs: dict[int, torch.Tensor]) -> Evaluated | BaseException:
     """The case run eagerly with ``torch.compiler.is_compiling()`` (and its aliases) returning True:
     the branch a Function takes only under compile, without Dynamo, or what it raised."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name in _IS_COMPILING if hasattr(owner, name)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _is_compiling_flags() if hasattr(owner, name)]
     try:
         for owner, name, _ in saved:
             setattr(owner, name, lambda: True)

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from conformance import Mask, Scalar, Tensor, register
 
@@ -149,6 +150,7 @@ class LayerNorm(torch.autograd.Function):
         return (xhat * _upcast(weight) + _upcast(bias)).to(x.dtype)
 
     @classmethod
+    @once_differentiable
     def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, mean, var = ctx.saved_tensors
         # The bug: rsqrt(var) instead of rsqrt(var + eps) -- inf on a constant row.
@@ -180,6 +182,7 @@ for _fn, _name in ((LayerNorm, "layer_norm_ok"), (LayerNormNoEpsBackward, "layer
         inputs=[Tensor("x", "*batch d"), Tensor("weight", "d"), Tensor("bias", "d"), Scalar("eps", 1e-5)],
         reference=_layer_norm_reference,
         dtypes=ALL,
+        double_backward=False,  # backward reuses forward's mean and var as constants: once differentiable
     )
 
 
@@ -220,6 +223,7 @@ class MaskedAttention(torch.autograd.Function):
         return (p @ vf).to(q.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, p = ctx.saved_tensors
         qf, kf, vf, g = _upcast(q), _upcast(k), _upcast(v), _upcast(grad_output)
@@ -247,6 +251,7 @@ for _fn, _name in ((MaskedAttention, "masked_attention_ok"), (MaskedAttentionNaN
         ],
         reference=_masked_attention_reference,
         dtypes=ALL,
+        double_backward=False,  # backward reuses forward's probabilities as constants: once differentiable
     )
 
 

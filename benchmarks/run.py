@@ -66,6 +66,11 @@ TITLES = {"1": "1. Default run", "2": "2. Suite vs bare loop", "3": "3. gradchec
 QUICK_SUITE = ["--max-examples=2", "--contracts=grad_meta,gradcheck", "--device=cpu", "-k", "square or triton_softmax or linear"]
 NUMELS = [16, 64, 128, 256, 512, 1024, 4096, 16384, 65536, 262144]
 QUICK_NUMELS = [16, 256, 1024]
+# Figure 1's main-job rows: the README's main job (`--profile=ci`) serially, with its coverage phase
+# and without it (an explicit --max-examples=10, ci's count, runs no corners): what the corners cost.
+MAIN_JOB = ["--profile=ci"]
+NO_CORNERS = ["--max-examples=10"]
+QUICK_MAIN_JOB = ["--profile=ci", "--contracts=grad_meta", "--device=cpu", "-k", "square"]
 SLOW_MODE_UP_TO = 1024
 STARTUP_PAIRS = 10  # figure 5 (a): at least this many pairs of runs outside --quick  # figure 3 also times slow mode up to this numel (what the threshold saves)
 
@@ -132,6 +137,12 @@ def figure_default(bench: Bench) -> list[str]:
         junit.append(junit_times(xml))
         progress(f"figure 1: -n 2 run {run + 1}/{bench.runs}")
         xdist.append(checked(run_child(pytest_command(*bench.suite_args(), "-n", "2"))))
+    main_job, no_corners = [], []
+    for run in range(bench.runs):
+        progress(f"figure 1: main job (--profile=ci), serial, run {run + 1}/{bench.runs}, with and without corners")
+        args = QUICK_MAIN_JOB if bench.quick else MAIN_JOB
+        main_job.append(checked(run_child(pytest_command(*args))))
+        no_corners.append(checked(run_child(pytest_command(*args, *NO_CORNERS))))
     if bench.quick:
         threads2 = serial[-1]  # --quick reuses a serial run for this row: the smoke test checks the script, not numbers
     else:
@@ -148,6 +159,10 @@ def figure_default(bench: Bench) -> list[str]:
         ["serial, `--threads=2` (1 run)" + (" (--quick: the serial run's)" if bench.quick else ""),
          fmt_seconds(threads2.wall), fmt_seconds(threads2.cpu),
          fmt_ratio(threads2.cpu / threads2.wall), threads2.summary],
+        [f"main job `{' '.join(QUICK_MAIN_JOB if bench.quick else MAIN_JOB)}`, serial", spread([c.wall for c in main_job]),
+         spread([c.cpu for c in main_job]), spread([c.cpu / c.wall for c in main_job], fmt_ratio), main_job[-1].summary],
+        [f"the same with `{' '.join(NO_CORNERS)}` (no coverage phase)", spread([c.wall for c in no_corners]),
+         spread([c.cpu for c in no_corners]), spread([c.cpu / c.wall for c in no_corners], fmt_ratio), no_corners[-1].summary],
     ]
     command = " ".join(["pytest conformance -p no:cacheprovider -q", *bench.suite_args()])
     lines = [f"Command: `{command}` (default profile `dev`, default `--impl=reference_ops`), {bench.runs} run(s) each.", ""]
@@ -159,6 +174,8 @@ def figure_default(bench: Bench) -> list[str]:
         f"CPU cost of `-n 2` vs serial: {fmt_ratio(median([c.cpu for c in xdist]) / serial_cpu)}.",
         f"- Thread policy: `--threads=2` vs the default 1 thread: CPU {fmt_ratio(threads2.cpu / serial_cpu)}, "
         f"wall {fmt_ratio(threads2.wall / serial_wall)} (one run against the serial median).",
+        f"- The coverage phase in the main job: CPU with corners / without, run by run: "
+        f"{spread([a.cpu / b.cpu for a, b in zip(main_job, no_corners)], fmt_ratio)}.",
     ]
 
     # Per contract and per Function, from the serial runs' JUnit times (median over runs).
@@ -192,6 +209,8 @@ def figure_default(bench: Bench) -> list[str]:
         "serial": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in serial],
         "xdist": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in xdist],
         "threads2": {"wall": threads2.wall, "cpu": threads2.cpu, "summary": threads2.summary},
+        "main_job": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in main_job],
+        "main_job_no_corners": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in no_corners],
         "per_test_median": {f"{c}[{f}]": s for (c, f), s in per_test.items()},
         "triton_functions": triton,
     }

@@ -16,11 +16,13 @@ What the corners cover (:func:`coverage_corners`):
   ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
   ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
   (<, =, >) between two dims that stand in the same place of two inputs (q_len and k_len);
-* every dtype, one per corner in turn, and so every value of the categorical draws the contract
-  varies beyond the spec (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each
-  input alone and none; broadcast off and on; each mask kind, input layout and grad_output kind).
-  These go one at a time, not pairwise: pairs of them would multiply the corners of the six
-  contracts that vary them for bugs that need one value, not a pair.
+* every dtype and every value of the categorical draws the contract varies beyond the spec
+  (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each input alone and none;
+  broadcast off and on; each mask kind, input layout and grad_output kind): with
+  ``pairwise_kinds``, pairwise with each other and with the factors above; otherwise one per corner
+  in turn. Pairwise, they multiply the corners (over the reference ops at 10 examples: 1.3x for
+  most contracts, 3.6x for layouts, 5.4x for the two memory contracts that vary all of them), so
+  the runner takes pairs only where they fit in the test's example count (a thorough profile).
 """
 
 from __future__ import annotations
@@ -191,11 +193,13 @@ def _size_corners(name: str, bound: DimBounds, rule: DimRule, fits: Any) -> tupl
 
 def coverage_corners(
     spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements: int, max_batch_dims: int, kinds: Sequence[tuple[str, int]] = (),
+    pairwise_kinds: bool = False,
 ) -> tuple[Corner, ...]:
     """The corners of ``spec`` (see the module's docstring), deterministic: the same spec, dtypes,
     budget and case kinds always give the same corners, in the same order. ``kinds``: (label,
     number of values) of each categorical draw the contract varies beyond the spec
-    (:func:`strategies.cases.case_kinds`), each value in turn, as dtypes are."""
+    (:func:`strategies.cases.case_kinds`): each value in turn, as dtypes are, or with
+    ``pairwise_kinds`` the kinds and the dtype as factors of the pairwise array."""
     rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
     names = spec.dim_names
     bounds = dim_bounds(names, rules)
@@ -221,23 +225,30 @@ def coverage_corners(
                 small_items.remove(item)
         size_rows.insert(0, row)
     factors = _factors(spec, max_batch_dims)
+    if pairwise_kinds:
+        factors += [_Factor("dtype", None, max(len(dtypes), 1))] + [_Factor("kind", label, count) for label, count in kinds]
     sized = [_sizes(names, bounds, rules, {}, forced, smallest=True) for forced in size_rows]
     # A size corner's other dims sit at their smallest: its relations count for nothing, its other
     # factors cover pairs as any row's do.
     fixed = [{k: -1 for k, f in enumerate(factors) if f.kind == "relation"} for _ in sized]
     rows = pairwise_rows([f.levels for f in factors], fixed)
-    turns = max([len(dtypes), *(levels for _, levels in kinds)])
-    rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
+    if not pairwise_kinds:
+        turns = max([len(dtypes), *(levels for _, levels in kinds)])
+        rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
     corners = []
     for index, levels in enumerate(rows):
         relations = {f.key: RELATIONS[level] for f, level in zip(factors, levels) if f.kind == "relation"}
         sizes = sized[index] if index < len(sized) else _sizes(names, bounds, rules, relations, {}, smallest=False)
+        dtype_index = next((level for f, level in zip(factors, levels) if f.kind == "dtype"), index % max(len(dtypes), 1))
+        kind_levels = (
+            tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "kind") if pairwise_kinds
+            else tuple((label, index % count) for label, count in kinds)
+        )
         corners.append(Corner(
             sizes=tuple(sizes.items()),
             batch_ranks=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "batch"),
-            dtype_index=index % max(len(dtypes), 1),
-            choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice")
-            + tuple((label, index % count) for label, count in kinds),
+            dtype_index=dtype_index,
+            choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice") + kind_levels,
         ))
     return tuple(dict.fromkeys(corners))
 

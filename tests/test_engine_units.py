@@ -30,6 +30,7 @@ from conformance.engine.watchdog import (
     phase_marks,
 )
 from conformance.spec import Tensor
+from strategies.cases import CaseOptions
 from strategies.recipes import ScalarRecipe, TensorRecipe
 from tests.strategies.helpers import make_spec
 
@@ -293,3 +294,18 @@ def test_the_coverage_phase_runs_every_corner_under_a_profile_and_none_under_an_
     assert profile[:-1] == [(True, 1)] * (len(profile) - 1) and profile[-1] == (False, 1)  # every corner, one random
     assert phases(run_examples=2) == [(False, 2)]  # an explicit count: random examples only
     assert phases(run_examples=None, contract_examples=1) == [(False, 1)]  # so is a contract's own cap
+
+
+def test_the_coverage_phase_takes_pairs_of_kinds_only_where_they_fit_the_count() -> None:
+    """Dtypes and case kinds pairwise when those corners leave a random example within the test's
+    count (thorough), else each value in turn: the corners never raise a profile's count."""
+    spec = make_spec([Tensor("q", "m d"), Tensor("k", "n d")])
+    target = Target(spec=spec, device="cpu", case_options=CaseOptions(
+        requires_grad="subsets", layouts=("contiguous", "transposed"), grad_output_kinds=("random", "zeros", "per_row"),
+    ))
+    one_at_a_time, pairwise = target.coverage_corners(), target.coverage_corners(1000)
+    assert len(pairwise) > len(one_at_a_time)
+    assert target.coverage_corners(len(pairwise)) == one_at_a_time  # no room left for a random example
+    assert target.coverage_corners(len(pairwise) + 1) == pairwise
+    requires_grad_by_grad_kind = {(c.choice("requires_grad"), c.choice("grad_output kind")) for c in pairwise}
+    assert len(requires_grad_by_grad_kind) == 4 * 3, requires_grad_by_grad_kind  # 4 requires_grad classes of q, k

@@ -299,17 +299,27 @@ class Target:
         caps = (cap, self.contract_examples, self.spec.max_examples)
         return min([self.options.hypothesis_settings().max_examples, *(c for c in caps if c is not None)])
 
-    def coverage_corners(self) -> tuple[Corner, ...]:
+    def coverage_corners(self, examples: int | None = None) -> tuple[Corner, ...]:
         """The deterministic coverage phase's corners (:mod:`strategies.coverage`) for this test's
-        dtypes and element budget."""
+        dtypes and element budget. The dtypes and the contract's case kinds are covered pairwise
+        with the spec's own factors when those corners leave room for a random example within
+        ``examples`` (the test's count: a thorough profile, nearly always); otherwise each of their
+        values takes a corner in turn, which never raises the count (ci and dev, mostly)."""
         dtypes = self.case_options.dtypes or self.dtypes()
         budget = self.case_options.max_elements
         if self.spec.max_elements is not None:
             budget = min(budget, self.spec.max_elements)
-        return coverage_corners(
-            self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims,
-            kinds=case_kinds(self.spec, self.case_options),
-        )
+        kinds = case_kinds(self.spec, self.case_options)
+
+        def corners(pairwise: bool) -> tuple[Corner, ...]:
+            return coverage_corners(
+                self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims,
+                kinds=kinds, pairwise_kinds=pairwise,
+            )
+
+        if examples is not None and len(pairwise := corners(True)) < examples:
+            return pairwise
+        return corners(False)
 
     def _phases(self, max_examples: int | None) -> list[tuple[Corner | None, int]]:
         """(corner, examples) runs. Under a profile's count: one example per corner, then random
@@ -320,7 +330,7 @@ class Target:
         count = self.example_count(max_examples)
         if self.options.max_examples is not None or count < self.options.hypothesis_settings().max_examples:
             return [(None, count)]
-        corners = self.coverage_corners()
+        corners = self.coverage_corners(count)
         return [(c, 1) for c in corners] + [(None, max(1, count - len(corners)))]
 
     def _run(self, check: Callable[[Target, st.DataObject], None], *, max_examples: int | None) -> None:

@@ -157,6 +157,29 @@ def test_every_value_of_every_case_kind_gets_a_corner_and_a_case_drawn_there_has
     assert len(seen["requires_grad"]) == 3 and seen["grad"] == set(VARIED.grad_output_kinds)
 
 
+def test_pairwise_kinds_cover_every_pair_of_dtype_and_case_kind_values() -> None:
+    kinds = case_kinds(MASKED, VARIED)
+    options = {"dtypes": MASKED.dtypes, "max_elements": 512, "max_batch_dims": 2, "kinds": kinds}
+    one_at_a_time = coverage_corners(MASKED, **options)  # type: ignore[arg-type]
+    pairwise = coverage_corners(MASKED, **options, pairwise_kinds=True)  # type: ignore[arg-type]
+    assert pairwise == coverage_corners(MASKED, **options, pairwise_kinds=True)  # type: ignore[arg-type]
+    factors = [("dtype", len(MASKED.dtypes)), *kinds]
+
+    def level(corner: Corner, factor: str) -> int | None:
+        return corner.dtype_index if factor == "dtype" else corner.choice(factor)
+
+    missing = {
+        (a, x, b, y)
+        for (a, count_a), (b, count_b) in itertools.combinations(factors, 2)
+        for x, y in itertools.product(range(count_a), range(count_b))
+        if not any(level(c, a) == x and level(c, b) == y for c in pairwise)
+    }
+    assert not missing, sorted(missing)[:5]
+    # One at a time covers every value but not every pair: pairs are what cost the extra corners.
+    pairs_one_at_a_time = {(level(c, "requires_grad"), level(c, "grad_output kind")) for c in one_at_a_time}
+    assert len(pairs_one_at_a_time) < 3 * 4 and len(one_at_a_time) < len(pairwise)
+
+
 def test_the_most_broadcast_form_drops_leading_dims_and_ones_the_rest() -> None:
     assert most_broadcast((2, 3, 4), (True, True, True)) == ()
     assert most_broadcast((2, 3, 1, 4), (True, False, True, False)) == (3, 1, 4)

@@ -40,7 +40,7 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "smaller_sizes"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
@@ -251,6 +251,28 @@ def coverage_corners(
             choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice") + kind_levels,
         ))
     return tuple(dict.fromkeys(corners))
+
+
+def smaller_sizes(spec: Spec, sizes: Sequence[tuple[str, int]]) -> list[tuple[tuple[str, int], ...]]:
+    """Legal size combinations below a corner's ``sizes``, one dim made smaller at a time, smallest
+    first: what the runner tries after a failure at a corner, whose forced sizes Hypothesis cannot
+    shrink. Each dim steps down to its smallest nonzero size, the common block tails 17, 33, 65
+    and 129, and its declared blocks' ``b-1, b, b+1, 2b+1`` (zero sizes are corners of their own)."""
+    rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
+    names = spec.dim_names
+    bounds = dim_bounds(names, rules)
+    current = dict(sizes)
+    found: set[tuple[tuple[str, int], ...]] = set()
+    for name in names:
+        blocks = rules.get(name, DimRule()).block_sizes or ()
+        ladder = {max(bounds[name].low, 1), *BIG_SIZES, *(s for b in blocks for s in (b - 1, b, b + 1, 2 * b + 1))}
+        for size in ladder:
+            if not 0 < size < current[name]:
+                continue
+            candidate = _sizes(names, bounds, rules, {}, {**current, name: size}, smallest=True)
+            if candidate != current and all(candidate[n] <= current[n] and (candidate[n] or not current[n]) for n in names):
+                found.add(tuple(candidate.items()))
+    return sorted(found, key=lambda candidate: (sum(s for _, s in candidate), candidate))
 
 
 def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[torch.dtype]) -> str:

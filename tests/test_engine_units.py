@@ -19,7 +19,7 @@ from conformance.engine.harness import Execution
 from conformance.engine.memory import Unwritten
 from conformance.engine.probe import BackwardCall, Recorder
 from conformance.engine.provenance import BackwardOps, extra_ops
-from conformance.engine.report import ContractFailure
+from conformance.engine.report import ContractFailure, fail
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.watchdog import (
     ExampleTimeout,
@@ -309,3 +309,25 @@ def test_the_coverage_phase_takes_pairs_of_kinds_only_where_they_fit_the_count()
     assert target.coverage_corners(len(pairwise) + 1) == pairwise
     requires_grad_by_grad_kind = {(c.choice("requires_grad"), c.choice("grad_output kind")) for c in pairwise}
     assert len(requires_grad_by_grad_kind) == 4 * 3, requires_grad_by_grad_kind  # 4 requires_grad classes of q, k
+
+
+@pytest.mark.parametrize(("fails_from", "reported"), [(40, 65), (129, 129), (1, 1)])
+def test_a_failure_at_a_corner_is_reported_at_the_smallest_failing_size(fails_from: int, reported: int) -> None:
+    """Forced sizes do not shrink: the runner retries the failing corner one ladder step smaller at
+    a time (1, 17, 33, 65 below 129) and reports the smallest that fails, with that example's
+    case and draws; when none does, the corner's own."""
+    spec = make_spec([Tensor("x", "n")])
+    target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5}))
+
+    def check(target: Target, data: Any) -> None:
+        case = target.draw_case(data)
+        target.checked()
+        if case.sizes["n"] >= fails_from:
+            fail(f"n={case.sizes['n']} is too big")
+
+    with pytest.raises(ContractFailure) as raised:
+        target.run(check)
+    assert raised.value.summary == f"n={reported} is too big"
+    assert target.context is not None and target.context.case is not None
+    assert target.context.case.sizes["n"] == reported  # the case the report and repro describe
+    assert [value.sizes["n"] for label, value in target.last_draws if label == "case"] == [reported]  # what the repro replays

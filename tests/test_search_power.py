@@ -14,14 +14,15 @@ from tests.zoo_runs import CORNER_OWNERS
 # bug -> (owner, what the failing case must show: the corner that reaches it)
 CORNER_BUGS = {
     "causal_offset_short_queries": ("reference", "causal=True"),
-    "tail_dropped_above_64": ("reference", ""),
+    # A corner's forced size is tried smaller after a failure: reported at the first failing step.
+    "tail_dropped_above_64": ("reference", "x: tensor(65,)"),
     "odd_length_pairs": ("reference", ""),
     "single_row_fast_path": ("reference", "x: tensor(1,"),
     "softmax_dim_not_last": ("reference", ""),
     "negative_dim": ("return_count", "dim=-"),
     "zero_size_batch": ("return_count", "x: tensor(0,"),
     "per_token_grad_as_scalar": ("reference", ""),
-    "head_dim_not_multiple_of_16": ("reference", ""),
+    "head_dim_not_multiple_of_16": ("reference", "x: tensor(17, 1)"),
     "varlen_empty_sequence": ("reference", ""),
     "rare_flag_branch": ("reference", "mode='max'"),
     "ignore_index_present": ("reference", "set to [-100]"),

@@ -61,7 +61,7 @@ from conformance.engine.watchdog import (
 )
 from conformance.spec import Spec
 from strategies.cases import LAYOUTS, Case, CaseOptions, case_kinds, cases
-from strategies.coverage import Corner, coverage_corners
+from strategies.coverage import Corner, coverage_corners, smaller_sizes
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
@@ -348,14 +348,24 @@ class Target:
             return
         test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
         base_settings = self.options.hypothesis_settings()
+
+        def run_phase(corner: Corner | None, examples: int) -> None:
+            self.corner = corner
+            test = seed(test_seed)(given(data=st.data())(property_))
+            # No example database: without a key Hypothesis hashes the property's source on
+            # every run (~4 ms, a tenth of the main job's CPU at one run per corner).
+            test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
+            settings(base_settings, max_examples=examples)(test)()
+
         try:
-            for corner, examples in self._phases(max_examples):
-                self.corner = corner
-                test = seed(test_seed)(given(data=st.data())(property_))
-                # No example database: without a key Hypothesis hashes the property's source on
-                # every run (~4 ms, a tenth of the main job's CPU at one run per corner).
-                test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
-                settings(base_settings, max_examples=examples)(test)()
+            phases = self._phases(max_examples)
+            for corner, examples in phases:
+                try:
+                    run_phase(corner, examples)
+                except ContractFailure as at_corner:
+                    if corner is None or isinstance(at_corner, UpstreamFailure):
+                        raise
+                    raise self._at_smaller_sizes(run_phase, corner, at_corner) from None
         except Blocked as blocked:
             self.skip_blocked(blocked)
         except UpstreamFailure as found:
@@ -372,6 +382,28 @@ class Target:
             raise
         self._require_checked()
         self._pass()
+
+    def _at_smaller_sizes(
+        self, run_phase: Callable[[Corner | None, int], None], corner: Corner, failure: ContractFailure
+    ) -> ContractFailure:
+        """A corner's sizes are forced, so Hypothesis cannot shrink them: after a failure at one,
+        its other values are tried at smaller legal sizes (:func:`strategies.coverage.smaller_sizes`),
+        smallest first. The first that fails is reported instead (a tail dropped above 64 at 65,
+        not at 129); else ``failure`` is, with its own case and draws."""
+        found = (self.context.case if self.context is not None else None, self.last_draws)
+        for candidate in smaller_sizes(self.spec, corner.sizes):
+            try:
+                run_phase(replace(corner, sizes=candidate), 1)
+            except UpstreamFailure:
+                continue
+            except ContractFailure as smaller_failure:
+                return smaller_failure
+            except (Exception, pytest.skip.Exception):  # blocked, not applicable, aborted: says nothing here
+                continue
+        if self.context is not None:
+            self.context.case = found[0]
+        self.last_draws = found[1]
+        return failure
 
     def _fail(self, failure: ContractFailure) -> None:
         """Conclude a contract failure: its repro script, its verdict; an xfail when a dtype

@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 from conformance import Dim, Index, Mask, Scalar, Tensor
 from strategies import CaseOptions, cases
 from strategies.cases import case_kinds
-from strategies.coverage import BIG_SIZES, Corner, coverage_corners, describe_coverage, finite_values, pairwise_rows
+from strategies.coverage import (
+    BIG_SIZES,
+    Corner,
+    coverage_corners,
+    describe_coverage,
+    finite_values,
+    pairwise_rows,
+    smaller_sizes,
+)
 from strategies.draw import most_broadcast
 from strategies.inputs import requires_grad_classes
 from tests.strategies.helpers import checked_spec, collect_examples
@@ -184,3 +192,17 @@ def test_the_most_broadcast_form_drops_leading_dims_and_ones_the_rest() -> None:
     assert most_broadcast((2, 3, 4), (True, True, True)) == ()
     assert most_broadcast((2, 3, 1, 4), (True, False, True, False)) == (3, 1, 4)
     assert most_broadcast((2, 3), (False, True)) == (2, 1)
+
+
+def test_smaller_sizes_step_one_dim_down_the_block_ladder_smallest_first() -> None:
+    """What the runner retries after a failure at a corner (forced sizes do not shrink)."""
+    sizes = (("b", 1), ("m", 3), ("n", 129), ("d", 1))
+    steps = smaller_sizes(ATTENTION, sizes)
+    assert steps == smaller_sizes(ATTENTION, sizes)  # deterministic
+    totals = [sum(s for _, s in step) for step in steps]
+    assert totals == sorted(totals)  # smallest first
+    assert all(all(s <= dict(sizes)[n] for n, s in step) and step != sizes for step in steps)
+    n_steps = [dict(step)["n"] for step in steps if dict(step)["m"] == 3]
+    assert n_steps == [1, 17, 33, 63, 64, 65], n_steps  # n's smallest, the common tails, its block 64's b-1, b, b+1
+    assert [dict(step)["m"] for step in steps if dict(step)["n"] == 129] == [1]  # m steps down to its smallest
+    assert smaller_sizes(ATTENTION, (("b", 1), ("m", 1), ("n", 1), ("d", 1))) == []  # nothing below the smallest

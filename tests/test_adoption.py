@@ -4,6 +4,7 @@ into another project, and from this checkout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,10 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+import conformance
+import conformance.embed.check as check_module
 from autograd_conformance_plugin import PROFILES
 from conformance.engine.runner import RunOptions
-from conformance.plugin.devices import worker_gpus
+from conformance.plugin import devices
+from conformance.plugin.devices import worker_gpu, worker_gpus
+from conformance.spec import Tensor
 from tests.conftest import REPO, ZOO
 
 PLUGIN = "autograd_conformance_plugin"
@@ -200,6 +206,53 @@ def test_worker_gpus(worker: str, visible: int, per_worker: int, expected: tuple
 def test_worker_gpus_rejects_impossible_assignments(visible: int, per_worker: int) -> None:
     with pytest.raises(ValueError, match=f"{'visible' if visible < 1 else 'per_worker'}="):
         worker_gpus("gw0", visible, per_worker)
+
+
+def test_check_under_xdist_makes_the_workers_own_gpu_current_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """conformance.check() in a test spread over xdist workers (no plugin process pinned them):
+    worker gwN runs on GPU N (round-robin), and outside xdist the caller's current GPU stays."""
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def device(index: int):  # type: ignore[no-untyped-def]
+        entered.append(index)
+        yield
+
+    monkeypatch.setattr(devices, "cuda_usable", lambda: True)
+    monkeypatch.setattr(devices.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(devices.torch.cuda, "device", device)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    with worker_gpu():
+        assert entered == [1]  # gw3 of 2 GPUs
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    with worker_gpu():
+        pass
+    assert entered == [1]
+
+    # check() runs its contract tests inside it.
+    inside: list[bool] = []
+    active = [False]
+
+    @contextlib.contextmanager
+    def recording_worker_gpu():  # type: ignore[no-untyped-def]
+        active[0] = True
+        yield
+        active[0] = False
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            inside.append(active[0])
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            return 2 * g
+
+    monkeypatch.setattr(check_module, "worker_gpu", recording_worker_gpu)
+    result = conformance.check(Double, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, device="cpu",
+                               contracts=["grad_meta"], max_examples=1)
+    assert result.passed and inside and all(inside), (str(result), inside)
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

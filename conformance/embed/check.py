@@ -37,7 +37,7 @@ from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import FlightRecorder
-from conformance.plugin.devices import choose_triton_interpreter, cuda_findings, cuda_usable
+from conformance.plugin.devices import choose_triton_interpreter, cuda_findings, cuda_usable, worker_gpu
 from conformance.plugin.options import parse_options
 from conformance.spec import Spec, make_specs, registered
 
@@ -193,7 +193,7 @@ def check(
     known = discover()
     chosen = _chosen_contracts(known, contracts, skip_contracts)
     results = []
-    with _run_scope(options.threads) as (flight, repro_dir):
+    with _run_scope(options.threads) as (flight, repro_dir), worker_gpu():
         for info in chosen:
             for spec in specs:
                 loaded_by = _repro_impl(spec, impl)

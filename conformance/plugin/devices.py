@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from conformance.engine.triton_interpreter import install, installed
 
-__all__ = ["cuda_findings", "cuda_usable", "prepare_devices", "triton_mode", "worker_gpus"]
+__all__ = ["cuda_findings", "cuda_usable", "prepare_devices", "triton_mode", "worker_gpu", "worker_gpus"]
 
 
 def cuda_usable() -> bool:
@@ -46,6 +48,20 @@ def worker_gpus(worker: str, visible: int, per_worker: int = 1) -> tuple[int, ..
     number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     first = number * per_worker
     return tuple((first + i) % visible for i in range(per_worker))
+
+
+@contextlib.contextmanager
+def worker_gpu() -> Iterator[None]:
+    """In an xdist worker with CUDA, the worker's own GPU (:func:`worker_gpus`) is the current
+    device for the block, and the previous one after it (``conformance.check()`` called from
+    tests spread over workers, where the plugin's ``prepare_devices`` never ran); elsewhere the
+    caller's current device is left as it is."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker or not cuda_usable():
+        yield
+        return
+    with torch.cuda.device(worker_gpus(worker, torch.cuda.device_count())[0]):
+        yield
 
 
 def choose_triton_interpreter() -> None:

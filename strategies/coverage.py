@@ -230,7 +230,12 @@ def coverage_corners(
     sized = [_sizes(names, bounds, rules, {}, forced, smallest=True) for forced in size_rows]
     # A size corner's other dims sit at their smallest: its relations count for nothing, its other
     # factors cover pairs as any row's do.
-    fixed = [{k: -1 for k, f in enumerate(factors) if f.kind == "relation"} for _ in sized]
+    fixed = [
+        # Size corners spread the dtypes and case kinds in turn, as without pairs; the pairs they
+        # leave uncovered take rows of their own.
+        {k: -1 if f.kind == "relation" else index % f.levels for k, f in enumerate(factors) if f.kind in ("relation", "dtype", "kind")}
+        for index in range(len(sized))
+    ]
     rows = pairwise_rows([f.levels for f in factors], fixed)
     if not pairwise_kinds:
         turns = max([len(dtypes), *(levels for _, levels in kinds)])

@@ -209,8 +209,9 @@ def test_worker_gpus_rejects_impossible_assignments(visible: int, per_worker: in
 
 
 def test_check_under_xdist_makes_the_workers_own_gpu_current_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """conformance.check() in a test spread over xdist workers (no plugin process pinned them):
-    worker gwN runs on GPU N (round-robin), and outside xdist the caller's current GPU stays."""
+    """conformance.check() in a test spread over xdist workers (no suite run pinned them): worker
+    gwN runs on GPU N (round-robin); a worker the suite pinned, and a call outside xdist, keep
+    the current GPU; a CPU-only call does not enter it."""
     entered: list[int] = []
 
     @contextlib.contextmanager
@@ -224,6 +225,10 @@ def test_check_under_xdist_makes_the_workers_own_gpu_current_and_restores_it(mon
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     with worker_gpu():
         assert entered == [1]  # gw3 of 2 GPUs
+    monkeypatch.setitem(devices._PINNED, "gpu", 0)  # the suite's own run pinned this worker (--gpus-per-worker)
+    with worker_gpu():
+        pass
+    monkeypatch.delitem(devices._PINNED, "gpu")
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     with worker_gpu():
         pass
@@ -250,9 +255,11 @@ def test_check_under_xdist_makes_the_workers_own_gpu_current_and_restores_it(mon
             return 2 * g
 
     monkeypatch.setattr(check_module, "worker_gpu", recording_worker_gpu)
-    result = conformance.check(Double, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, device="cpu",
-                               contracts=["grad_meta"], max_examples=1)
-    assert result.passed and inside and all(inside), (str(result), inside)
+    for device, on_the_workers_gpu in (("cpu", False), ("auto", True)):  # a CPU-only call never touches CUDA
+        inside.clear()
+        result = conformance.check(Double, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, device=device,
+                                   contracts=["grad_meta"], max_examples=1)
+        assert result.passed and inside and set(inside) == {on_the_workers_gpu}, (device, str(result), inside)
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

@@ -311,7 +311,7 @@ def test_the_coverage_phase_takes_pairs_of_kinds_only_where_they_fit_the_count()
     assert len(requires_grad_by_grad_kind) == 4 * 3, requires_grad_by_grad_kind  # 4 requires_grad classes of q, k
 
 
-@pytest.mark.parametrize(("fails_from", "reported"), [(40, 65), (129, 129), (1, 1)])
+@pytest.mark.parametrize(("fails_from", "reported"), [(40, 65), (20, 33), (129, 129), (1, 1)])
 def test_a_failure_at_a_corner_is_reported_at_the_smallest_failing_size(fails_from: int, reported: int) -> None:
     """Forced sizes do not shrink: the runner retries the failing corner one ladder step smaller at
     a time (1, 17, 33, 65 below 129) and reports the smallest that fails, with that example's

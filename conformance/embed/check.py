@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -193,7 +193,7 @@ def check(
     known = discover()
     chosen = _chosen_contracts(known, contracts, skip_contracts)
     results = []
-    with _run_scope(options.threads) as (flight, repro_dir), worker_gpu():
+    with _run_scope(options.threads) as (flight, repro_dir), worker_gpu() if "cuda" in options.devices else nullcontext():
         for info in chosen:
             for spec in specs:
                 loaded_by = _repro_impl(spec, impl)

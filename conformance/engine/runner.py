@@ -317,9 +317,11 @@ class Target:
                 kinds=kinds, pairwise_kinds=pairwise,
             )
 
-        if examples is not None and len(pairwise := corners(True)) < examples:
-            return pairwise
-        return corners(False)
+        one_at_a_time = corners(False)
+        if examples is None or len(one_at_a_time) >= examples:  # pairs are never fewer: they cannot fit
+            return one_at_a_time
+        pairwise = corners(True)
+        return pairwise if len(pairwise) < examples else one_at_a_time
 
     def _phases(self, max_examples: int | None) -> list[tuple[Corner | None, int]]:
         """(corner, examples) runs. Under a profile's count: one example per corner, then random
@@ -398,8 +400,9 @@ class Target:
                 continue
             except ContractFailure as smaller_failure:
                 return smaller_failure
-            except (Exception, pytest.skip.Exception):  # blocked, not applicable, aborted: says nothing here
+            except (Exception, pytest.skip.Exception):  # blocked or not applicable: says nothing here
                 continue
+            # A hang or exit at a smaller size (ExampleAborted) is this test's failure: it propagates.
         if self.context is not None:
             self.context.case = found[0]
         self.last_draws = found[1]

@@ -33,6 +33,10 @@ def describe_cuda() -> str:
     return f"cuda ({torch.cuda.get_device_name()})" if cuda_usable() else "cuda: not available, CUDA tests not run"
 
 
+# The GPU prepare_devices made current for this whole process (an xdist worker of a suite run).
+_PINNED: dict[str, int] = {}
+
+
 def worker_gpus(worker: str, visible: int, per_worker: int = 1) -> tuple[int, ...]:
     """The CUDA device indices (among the visible ones) xdist worker ``worker`` uses.
 
@@ -52,12 +56,13 @@ def worker_gpus(worker: str, visible: int, per_worker: int = 1) -> tuple[int, ..
 
 @contextlib.contextmanager
 def worker_gpu() -> Iterator[None]:
-    """In an xdist worker with CUDA, the worker's own GPU (:func:`worker_gpus`) is the current
-    device for the block, and the previous one after it (``conformance.check()`` called from
-    tests spread over workers, where the plugin's ``prepare_devices`` never ran); elsewhere the
-    caller's current device is left as it is."""
+    """In an xdist worker with CUDA, the worker's own GPU (:func:`worker_gpus`, one per worker) is
+    the current device for the block, and the previous one after it: ``conformance.check()``
+    called from tests spread over workers. Where the suite's own run already pinned this process
+    (:func:`prepare_devices`, ``--gpus-per-worker``), and outside xdist, the current device is left
+    as it is."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not worker or not cuda_usable():
+    if not worker or "gpu" in _PINNED or not cuda_usable():
         yield
         return
     with torch.cuda.device(worker_gpus(worker, torch.cuda.device_count())[0]):
@@ -85,6 +90,7 @@ def prepare_devices(gpus_per_worker: int) -> None:
     except ValueError as error:
         raise pytest.UsageError(f"--gpus-per-worker={gpus_per_worker}: {error}") from None
     torch.cuda.set_device(gpus[0])
+    _PINNED["gpu"] = gpus[0]
 
 
 def triton_mode() -> str:

@@ -133,8 +133,9 @@ SINGLE_ELEMENT_CASES = EXTREME_CASES.replace(min_size=1, max_size=1, block_sizes
 
 def check_stability(target: Target, data: st.DataObject) -> None:
     for dtype in target.dtypes():
-        # Extreme magnitudes depend on the dtype's range: draw a case per dtype.
-        extreme = one_extreme(target.draw_case(data, dtypes=(dtype,)), data)
+        # Extreme magnitudes depend on the dtype's range: draw a case per dtype, each at the
+        # example's coverage corner (its sizes, and its ordinary or extreme scales).
+        extreme = one_extreme(target.draw_case(data, dtypes=(dtype,), cornered=True), data)
         compared = check_case(target, extreme, "extreme")
         compared = check_case(target, degenerate(extreme), "degenerate") or compared
         single = target.draw_case(data, SINGLE_ELEMENT_CASES, dtypes=(dtype,))

@@ -27,6 +27,7 @@ from strategies.coverage import (
     finite_values,
     layout_label,
     mask_kind_label,
+    scale_label,
 )
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
 from strategies.draw import PartialCase, cornered, draw_recipe, shape_of
@@ -261,6 +262,8 @@ def case_kinds(spec: Spec, options: CaseOptions) -> tuple[tuple[str, int], ...]:
             kinds.append((mask_kind_label(spec_input.name), len(options.mask_kinds)))
         elif isinstance(spec_input, Tensor):
             kinds.append((layout_label(spec_input.name), len(options.layouts)))
+            if options.extreme:  # an ordinary scale, then the smallest extreme one (1e2): large logits
+                kinds.append((scale_label(spec_input.name), 2))
     kinds.append((GRAD_KIND_LABEL, len(options.grad_output_kinds)))
     return tuple((label, count) for label, count in kinds if count > 1)
 

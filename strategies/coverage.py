@@ -40,7 +40,7 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "smaller_sizes"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "scale_label", "smaller_sizes"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
@@ -59,6 +59,10 @@ def layout_label(name: str) -> str:
 
 def mask_kind_label(name: str) -> str:
     return f"{name} mask kind"
+
+
+def scale_label(name: str) -> str:
+    return f"{name} scale"
 
 MAX_RELATIONS = 2
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conformance.spec import Spec
 from conformance.spec.inputs import AdditiveMask, Derived, Index, Mask, Offsets, Scalar, Shaped, Tensor
-from strategies.coverage import BROADCAST_LABEL, Corner, finite_values, layout_label, mask_kind_label
+from strategies.coverage import BROADCAST_LABEL, Corner, finite_values, layout_label, mask_kind_label, scale_label
 from strategies.dims import broadcast_forms
 from strategies.options import CaseOptions
 from strategies.recipes import (
@@ -136,7 +136,7 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     options = case.options
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
     shape = drawn_shape(spec_input, draw, case)
-    scale = draw(magnitudes(dtype=case.dtype, extreme=options.extreme), label=f"{name} scale")
+    scale = draw(_cornered(magnitudes(dtype=case.dtype, extreme=options.extreme), scale_label(name), case), label=scale_label(name))
     constant = options.constant_rows and not options.spacing and draw(st.booleans(), label=f"{name} constant rows")
     layout = draw(_cornered(st.sampled_from(tuple(options.layouts)), layout_label(name), case), label=layout_label(name))
     # Only constant rows can be stored stride-0 with the same values.

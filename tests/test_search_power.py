@@ -57,3 +57,14 @@ def test_verbose_runs_say_what_the_coverage_phase_reached(conformance_run) -> No
     line = next(line for line in text.splitlines() if line.startswith("ignore_index_present_ok: "))
     assert "corners: sizes up to 129 (n, c)" in line and "target sentinel fraction: 2/2 values" in line, line
     assert "c vs n: <, =, >" in line and "dtypes 2/2" in line, line
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_default_profile_meets_an_overflow_that_needs_extreme_magnitudes(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """The corners leave what they do not force at its simplest; stability's extreme scales are a
+    case kind of their own, and each dtype's case of an example takes the corner, so the default
+    profile finds a naive softmax's overflow (benchmark figure 4 missed it on 3 of 3 runs)."""
+    run = conformance_run(ZOO / "numeric_bugs.py", "-k", "naive_softmax or stable_softmax", f"--seed={seed}",
+                          contracts=("stability",), max_examples=None)
+    assert "float16" in run.failed("stability", "naive_softmax") or "float32" in run.failed("stability", "naive_softmax")
+    run.passed("stability", "stable_softmax")

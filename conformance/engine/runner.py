@@ -231,17 +231,20 @@ class Target:
         return False
 
     def draw_case(
-        self, data: st.DataObject, options: CaseOptions | None = None, *, dtypes: Sequence[torch.dtype] | None = None
+        self, data: st.DataObject, options: CaseOptions | None = None, *, dtypes: Sequence[torch.dtype] | None = None,
+        cornered: bool = False,
     ) -> Case:
         """Draw a case on this target's device (labelled ``case`` in Hypothesis reports), from
         ``options`` (default: the contract's preset). Its dtypes: ``dtypes``, else the preset's,
-        else the spec's narrowed by ``--dtypes`` (:meth:`dtypes`)."""
+        else the spec's narrowed by ``--dtypes`` (:meth:`dtypes`). A coverage corner shapes an
+        example's first case, and with ``cornered`` any later one too (a contract that draws the
+        same case once per dtype)."""
         chosen = options if options is not None else self.case_options
         if dtypes is not None:
             chosen = chosen.replace(dtypes=tuple(dtypes))
         elif chosen.dtypes is None:
             chosen = chosen.replace(dtypes=self.dtypes())
-        if self.corner is not None and self.corner_pending:
+        if self.corner is not None and (self.corner_pending or cornered):
             chosen = chosen.replace(corner=self.corner)  # an example's first case only: compile grows later ones
             self.corner_pending = False
         self._blocked_by_a_hang()

@@ -25,6 +25,7 @@ from strategies.coverage import (
 )
 from strategies.draw import most_broadcast
 from strategies.inputs import requires_grad_classes
+from strategies.recipes import TensorRecipe
 from tests.strategies.helpers import checked_spec, collect_examples
 
 ATTENTION = checked_spec(
@@ -188,6 +189,24 @@ def test_pairwise_kinds_cover_every_pair_of_dtype_and_case_kind_values() -> None
     # One at a time covers every value but not every pair: pairs are what cost the extra corners.
     pairs_one_at_a_time = {(level(c, "requires_grad"), level(c, "grad_output kind")) for c in one_at_a_time}
     assert len(pairs_one_at_a_time) < 3 * 4 and len(one_at_a_time) < len(pairwise)
+
+
+def test_extreme_cases_take_an_ordinary_and_an_extreme_scale_in_turn() -> None:
+    """stability's extreme values are a draw the contract varies too: left at their simplest (scale
+    1) by every corner, a naive softmax's overflow was found by no corner at the default profile."""
+    extreme = CaseOptions(extreme=True, mask_kinds=("random",))
+    kinds = case_kinds(MASKED, extreme)
+    assert ("x scale", 2) in kinds and ("w scale", 2) in kinds and ("x scale", 2) not in case_kinds(MASKED, CaseOptions())
+    corners = coverage_corners(MASKED, dtypes=MASKED.dtypes, max_elements=512, max_batch_dims=2, kinds=kinds)
+    scales = set()
+    for corner in corners:
+        (case,) = collect_examples(cases(MASKED, extreme.replace(corner=corner)), 1)
+        x = {r.name: r for r in case.recipes}["x"]
+        assert isinstance(x, TensorRecipe)
+        scale = x.scale
+        assert scale == (1.0, 100.0)[corner.choice("x scale") or 0], (corner, scale)
+        scales.add(scale)
+    assert scales == {1.0, 100.0}
 
 
 def test_the_most_broadcast_form_drops_leading_dims_and_ones_the_rest() -> None:

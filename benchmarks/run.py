@@ -1,6 +1,6 @@
 """Performance figures of autograd-conformance (issue 16): one command, a Markdown report.
 
-    python benchmarks/run.py                 # every figure, 3 runs each (about 32 minutes on 2 cores)
+    python benchmarks/run.py                 # every figure, 3 runs each (about 40 minutes on 2 cores)
     python benchmarks/run.py --quick --runs 1  # a cut-down smoke version (about a minute)
     python benchmarks/run.py --only 3 --json numbers.json
 

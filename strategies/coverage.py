@@ -64,6 +64,7 @@ def mask_kind_label(name: str) -> str:
 def scale_label(name: str) -> str:
     return f"{name} scale"
 
+
 MAX_RELATIONS = 2
 
 

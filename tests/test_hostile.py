@@ -13,7 +13,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,24 +40,60 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
 }
 
 
-def _run(tmp_path: Path, *extra: str) -> dict[tuple[str, str], dict[str, str]]:
-    impl = ",".join(str(ZOO / f) for f in ("hostile.py", "correct_module.py", "global_state_bugs.py"))
-    report = tmp_path / "report"
+HOSTILE_MODES = {"serial-isolate": ("--isolate",), "xdist-2": ("-n", "2")}
+HANG_MODES = {"serial": (), "xdist-2": ("-n", "2")}
+
+
+@dataclass
+class Started:
+    """One run of the suite in its own process, started and not yet waited for."""
+
+    process: subprocess.Popen[str]
+    folder: Path
+
+    def results(self) -> list[dict[str, Any]]:
+        """Wait for it; its report's cells (the run must fail: every run here holds a hostile Function)."""
+        self.process.wait(timeout=900)
+        output = (self.folder / "output.txt").read_text()
+        assert self.process.returncode == 1, output[-6000:]
+        cells: list[dict[str, Any]] = json.loads((self.folder / "report.json").read_text())["results"]
+        return cells
+
+
+def _start(folder: Path, impl: str, *extra: str) -> Started:
     command = [
         sys.executable, "-m", "pytest", str(REPO / "conformance"), f"--impl={impl}", "--device=cpu",
-        "--max-examples=2", f"--example-timeout={TIMEOUT}", f"--contracts={CONTRACTS}", "-p", "no:cacheprovider",
-        "-q", f"--conformance-report={report}", *extra,
+        "--max-examples=2", f"--example-timeout={TIMEOUT}", "-p", "no:cacheprovider", "-q",
+        f"--conformance-report={folder / 'report'}", *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    data = json.loads((tmp_path / "report.json").read_text())
-    return {(r["function"], r["contract"]): r for r in data["results"]}
+    # Output to a file, not a pipe: a run nobody reads yet must never block on a full pipe.
+    with open(folder / "output.txt", "w") as output:
+        process = subprocess.Popen(command, cwd=folder, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+    return Started(process, folder)
 
 
-@pytest.mark.parametrize("mode", [("--isolate",), ("-n", "2")], ids=["serial-isolate", "xdist-2"])
-def test_hostile_functions_fail_and_the_run_goes_on(tmp_path: Path, mode: tuple[str, ...]) -> None:
-    results = _run(tmp_path, *mode)
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """The module's four runs, started at once: each mostly sleeps out a hang's time budget, so
+    side by side they cost about the longest one's wall time instead of the sum (~140 s -> ~60 s)."""
+    hostile = ",".join(str(ZOO / f) for f in ("hostile.py", "correct_module.py", "global_state_bugs.py"))
+    runs = {
+        **{f"hostile {mode}": _start(tmp_path_factory.mktemp("hostile"), hostile, f"--contracts={CONTRACTS}", *extra)
+           for mode, extra in HOSTILE_MODES.items()},
+        **{f"hang {mode}": _start(tmp_path_factory.mktemp("hang"), str(ZOO / "hostile.py"), "-k", "hangs_in_backward", *extra)
+           for mode, extra in HANG_MODES.items()},
+    }
+    yield runs
+    for run in runs.values():
+        if run.process.poll() is None:
+            run.process.kill()
+            run.process.wait()
+
+
+@pytest.mark.parametrize("mode", sorted(HOSTILE_MODES))
+def test_hostile_functions_fail_and_the_run_goes_on(started: dict[str, Started], mode: str) -> None:
+    results = {(r["function"], r["contract"]): r for r in started[f"hostile {mode}"].results()}
     for name, summary in EXPECTED.items():
         # The first contract that meets a hang fails; the other is blocked by it (one hang, one
         # failure) unless both met it at once on two workers. Other hostile acts fail both.
@@ -77,28 +116,20 @@ def test_hostile_functions_fail_and_the_run_goes_on(tmp_path: Path, mode: tuple[
     assert "hostile.py" in native, native  # where it hung: from the frames or faulthandler's dump
 
 
-@pytest.mark.parametrize("mode", [(), ("-n", "2")], ids=["serial", "xdist-2"])
-def test_one_hang_is_one_failure_and_costs_one_budget(tmp_path: Path, mode: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("mode", sorted(HANG_MODES))
+def test_one_hang_is_one_failure_and_costs_one_budget(started: dict[str, Started], mode: str) -> None:
     """A backward that hangs, over every contract: the first contract to meet it waits out one
     example budget and fails; every other is blocked by it at once (in this process or another)."""
-    report = tmp_path / "report"
-    command = [
-        sys.executable, "-m", "pytest", str(REPO / "conformance"), f"--impl={ZOO / 'hostile.py'}", "--device=cpu",
-        "-k", "hangs_in_backward", "--max-examples=2", f"--example-timeout={TIMEOUT}", "-p", "no:cacheprovider", "-q",
-        f"--conformance-report={report}", *mode,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    cells = json.loads((tmp_path / "report.json").read_text())["results"]
+    cells = started[f"hang {mode}"].results()
+    workers = 2 if mode.startswith("xdist") else 1
     failed = [c for c in cells if c["outcome"] == "failed"]
     blocked = [c for c in cells if c["outcome"] == "blocked"]
     owners = {c["contract"] for c in failed}
-    assert 1 <= len(failed) <= len(mode) + 1, [(c["contract"], c["reason"]) for c in failed]  # at once on each worker, at most
+    assert 1 <= len(failed) <= workers, [(c["contract"], c["reason"]) for c in failed]  # at once on each worker, at most
     assert all("should finish [hung in backward of HangsInBackward" in c["reason"] for c in failed), failed
     assert len(blocked) >= 10 and all(c["owner"] in owners for c in blocked), blocked
     total = sum(c["duration"] for c in cells)
-    print(f"hanging backward, {len(cells)} contract tests {' '.join(mode) or 'serially'}: {total:.1f} s in tests, "
+    print(f"hanging backward, {len(cells)} contract tests {mode}: {total:.1f} s in tests, "
           f"budget {TIMEOUT} s per example; failed: {sorted(owners)}")
     assert total < 3 * TIMEOUT, total
 

@@ -138,11 +138,11 @@ def figure_default(bench: Bench) -> list[str]:
         progress(f"figure 1: -n 2 run {run + 1}/{bench.runs}")
         xdist.append(checked(run_child(pytest_command(*bench.suite_args(), "-n", "2"))))
     main_job, no_corners = [], []
+    main_args = QUICK_MAIN_JOB if bench.quick else MAIN_JOB
     for run in range(bench.runs):
         progress(f"figure 1: main job (--profile=ci), serial, run {run + 1}/{bench.runs}, with and without corners")
-        args = QUICK_MAIN_JOB if bench.quick else MAIN_JOB
-        main_job.append(checked(run_child(pytest_command(*args))))
-        no_corners.append(checked(run_child(pytest_command(*args, *NO_CORNERS))))
+        main_job.append(checked(run_child(pytest_command(*main_args))))
+        no_corners.append(checked(run_child(pytest_command(*main_args, *NO_CORNERS))))
     if bench.quick:
         threads2 = serial[-1]  # --quick reuses a serial run for this row: the smoke test checks the script, not numbers
     else:
@@ -159,7 +159,7 @@ def figure_default(bench: Bench) -> list[str]:
         ["serial, `--threads=2` (1 run)" + (" (--quick: the serial run's)" if bench.quick else ""),
          fmt_seconds(threads2.wall), fmt_seconds(threads2.cpu),
          fmt_ratio(threads2.cpu / threads2.wall), threads2.summary],
-        [f"main job `{' '.join(QUICK_MAIN_JOB if bench.quick else MAIN_JOB)}`, serial", spread([c.wall for c in main_job]),
+        [f"main job `{' '.join(main_args)}`, serial", spread([c.wall for c in main_job]),
          spread([c.cpu for c in main_job]), spread([c.cpu / c.wall for c in main_job], fmt_ratio), main_job[-1].summary],
         [f"the same with `{' '.join(NO_CORNERS)}` (no coverage phase)", spread([c.wall for c in no_corners]),
          spread([c.cpu for c in no_corners]), spread([c.cpu / c.wall for c in no_corners], fmt_ratio), no_corners[-1].summary],

@@ -229,6 +229,38 @@ def test_a_kernel_stores_libdevice_results_on_scalars_through_a_scalar_pointer()
     torch.testing.assert_close(y, x * torch.rsqrt(var + eps32)[:, None] + 1, rtol=1e-12, atol=0)
 
 
+@triton.jit
+def _softplus_helper(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+
+
+@triton.jit
+def _helper_per_program(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, _softplus_helper(x) + _softplus_helper(-x), mask=offs < n)
+
+
+def test_a_helper_called_per_program_patches_the_language_once_per_launch_and_restores_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The speed patch: a jit helper inside a launch runs on the launch's patched language (the
+    interpreter itself re-patches it on every helper call); the values are the same, and after
+    the launch triton.language is as it was."""
+    from triton.runtime import interpreter
+
+    assert install()
+    patched_modules: list[object] = []
+    original = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda pkg, *rest: (patched_modules.append(pkg), original(pkg, *rest))[1])
+    add_before, where_before = tl.core.tensor.__add__, tl.where
+    x = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
+    _helper_per_program[(5,)](x, y, 40, BLOCK=8)  # 5 programs, 2 helper calls each
+    torch.testing.assert_close(y, torch.nn.functional.softplus(x) + torch.nn.functional.softplus(-x), rtol=1e-12, atol=0)
+    once = len(patched_modules)
+    assert 0 < once <= 5, f"len(patched modules)={once}, but should be one launch's patch (<= 5 modules) [launch of 5 programs]"
+    assert (tl.core.tensor.__add__, tl.where) == (add_before, where_before), "triton.language was left patched after the launch"
+
+
 SCALAR_NORMS = ("triton_scalar_rmsnorm", "triton_scalar_rmsnorm_", "triton_scalar_layer_norm")
 
 

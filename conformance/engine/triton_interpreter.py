@@ -1,7 +1,8 @@
 """Run typical Triton kernel libraries under the Triton interpreter (CPU) without editing them.
 
 The interpreter (``TRITON_INTERPRET=1``) executes kernels with numpy. Kernel libraries written
-for GPUs trip over three of its gaps; :func:`install` closes them, process-wide:
+for GPUs trip over four of its gaps, and it is slow where it need not be; :func:`install` closes the
+gaps and cuts that cost, process-wide:
 
 * ``triton.language.extra.libdevice`` functions are stubs returning ``None`` under the
   interpreter: the common float functions (``rsqrt``, ``tanh``, ``exp``, ``pow``, ``erf``, ...)
@@ -14,10 +15,11 @@ for GPUs trip over three of its gaps; :func:`install` closes them, process-wide:
 * bfloat16: the interpreter converts float32 to bfloat16 by truncation (numpy has no bfloat16),
   so a launch with a bfloat16 tensor raises :class:`InterpreterLimit` instead of computing
   silently wrong values.
-
 * Python float kernel arguments (``eps``) reach the kernel as Python floats, so ``eps.to(...)``
   fails ("'float' object has no attribute 'to'"): they become float32 scalars, as a compiled
   kernel receives them.
+* Speed: a ``@triton.jit`` helper called inside a launch does not patch triton.language again,
+  once per program, when the launch already did (a quarter of the reference kernels' time).
 
 The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
 interpreter. Import this module freely: it imports triton only inside its functions.
@@ -235,6 +237,7 @@ def install() -> bool:
         _patch_float_arguments()
         _patch_autotune(triton)
         _patch_bfloat16_launches()
+        _patch_device_function_calls()
         _INSTALLED["done"] = True
         return True
 
@@ -315,6 +318,54 @@ def _patch_bfloat16_launches() -> None:
         return original_call(self, *args, **kwargs)
 
     interpreter.GridExecutor.__call__ = call
+
+
+# The triton.language modules the running launch patched (an empty tuple between launches).
+_PATCHED_LANGS: dict[str, tuple[Any, ...]] = {"langs": ()}
+
+
+def _patch_device_function_calls() -> None:
+    """Speed only: the interpreter re-patches triton.language (``inspect.getmembers`` over four
+    modules) on every call of a ``@triton.jit`` helper, once per program; inside a launch that
+    already patched the helper's language modules the call goes straight to the helper. Any
+    other call (another module's language, no launch running) keeps the interpreter's path."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "InterpretedFunction", "InterpreterError")):
+        return  # another interpreter layout: leave it as it is
+    original_patch = interpreter._patch_lang
+    original_call = interpreter.InterpretedFunction.__call__
+
+    def languages(fn: Any) -> tuple[Any, ...]:
+        return tuple(value for value in fn.__globals__.values() if inspect.ismodule(value) and value in (interpreter.tl, interpreter.tl.core))
+
+    def patch_lang(fn: Any) -> Any:
+        scope = original_patch(fn)
+        before = _PATCHED_LANGS["langs"]
+        _PATCHED_LANGS["langs"] = (*before, *languages(fn))
+        restore = scope.restore
+
+        def restore_and_forget() -> None:
+            _PATCHED_LANGS["langs"] = before
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        patched = _PATCHED_LANGS["langs"]
+        if not patched or any(lang not in patched for lang in languages(self.fn)):
+            return original_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            raise interpreter.InterpreterError(repr(error)) from error
+
+    interpreter._patch_lang = patch_lang
+    interpreter.InterpretedFunction.__call__ = call
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from strategies.inputs import device_supports, dtypes_for, requires_grad_classes
 from strategies.layouts import GRAD_LAYOUTS, LAYOUTS, apply_grad_layout, apply_layout, layouts
 from strategies.options import CaseOptions
 from strategies.recipes import Recipe, ScalarRecipe, TensorRecipe
+from strategies.reuse import just, sampled
 from strategies.values import distinct_seed, grad_output_from_seed, magnitudes, value_seeds
 
 __all__ = [
@@ -297,12 +298,12 @@ def cases(
     else:
         # Explicit dtypes are honoured as given, minus those the device cannot run.
         supported = tuple(d for d in dtypes if device_supports(device, d))
-        dtype_strategy = st.sampled_from(supported or tuple(dtypes))
+        dtype_strategy = sampled(supported or tuple(dtypes))
     corner = chosen.corner
     if corner is not None:
         listed = finite_values(dtype_strategy)
         if listed:
-            dtype_strategy = st.just(listed[corner.dtype_index % len(listed)])
+            dtype_strategy = just(listed[corner.dtype_index % len(listed)])
     dtype = draw(dtype_strategy, label="dtype")
     rules = dict(getattr(spec, "dim_rules", {}))
     if corner is not None and all(corner.size(name) is not None for name in spec.dim_names):
@@ -340,10 +341,10 @@ def cases(
         min_size = 1 if chosen.requires_grad == "nonempty" else 0
         subsets = requires_grad_subsets(differentiable, min_size=min_size)
         if corner is not None and corner.choice(REQUIRES_GRAD_LABEL) is not None:
-            subsets = st.sampled_from(requires_grad_classes(differentiable, min_size=min_size))
+            subsets = sampled(tuple(requires_grad_classes(differentiable, min_size=min_size)))
         wanted = draw(cornered(subsets, REQUIRES_GRAD_LABEL, corner), label=REQUIRES_GRAD_LABEL)
     grad_seed = distinct_seed(draw(value_seeds(), label="grad_output seed"), "grad_output")
-    grad_kind = draw(cornered(st.sampled_from(tuple(chosen.grad_output_kinds)), GRAD_KIND_LABEL, corner), label=GRAD_KIND_LABEL)
+    grad_kind = draw(cornered(sampled(tuple(chosen.grad_output_kinds)), GRAD_KIND_LABEL, corner), label=GRAD_KIND_LABEL)
     grad_scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if grad_kind == "scaled" else 1.0
     return Case(
         spec=spec, device=device, dtype=dtype, sizes=sizes, batches=batches,

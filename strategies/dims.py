@@ -6,15 +6,14 @@ this module draws sizes under them.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Mapping, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import array_shapes
 
 from conformance.spec.dims import DimRule, check_blocks, dim_bounds
+from strategies.reuse import reused
 
 __all__ = ["BLOCK_SIZES", "DimRule", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
 
@@ -97,7 +96,7 @@ def _dim_sizes(
         own_blocks = blocks if rule.block_sizes is None else rule.block_sizes
         if bound.high is not None:
             own_blocks = tuple(b for b in own_blocks if b - 1 <= bound.high)
-        size = draw(_sizes(low, max(low, high), own_blocks), label=f"dim {name}")
+        size = draw(reused(_sizes, low, max(low, high), tuple(own_blocks)), label=f"dim {name}")
         limit = drawn[rule.at_most] if rule.at_most is not None else None
         size = bound.fit(size, limit=limit)
         top = bound.top(limit)
@@ -146,7 +145,7 @@ def dim_sizes(
         if not isinstance(rule, DimRule):
             raise InvalidArgument(f"rules[{name!r}]={rule!r} must be a DimRule")
     dim_bounds(tuple(names), given, run_min=min_size)  # a bad at_most or a conflict is an error now, not at draw time
-    return _cached(_dim_sizes, tuple(names), min_size, max_size, blocks, bool(unique), tuple(given.items()))
+    return reused(_dim_sizes, tuple(names), min_size, max_size, blocks, bool(unique), tuple(given.items()))
 
 
 def batch_shapes(*, min_dims: int = 0, max_dims: int = 2, min_side: int = 1, max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
@@ -160,21 +159,7 @@ def batch_shapes(*, min_dims: int = 0, max_dims: int = 2, min_side: int = 1, max
         raise InvalidArgument(f"need 0 <= min_dims <= max_dims, got min_dims={min_dims!r}, max_dims={max_dims!r}")
     if min_side < 0 or max_side < min_side:
         raise InvalidArgument(f"need 0 <= min_side <= max_side, got min_side={min_side!r}, max_side={max_side!r}")
-    return _cached(array_shapes, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
-
-
-_Made = TypeVar("_Made")
-
-
-def _cached(factory: Callable[..., _Made], *args: Any, **kwargs: Any) -> _Made:
-    """``factory(*args, **kwargs)``, one object per arguments: Hypothesis validates a strategy
-    object on its first draw, and a case draws these on every example."""
-    return cast(_Made, _made(factory, *args, **kwargs))
-
-
-@functools.lru_cache(maxsize=4096)
-def _made(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return factory(*args, **kwargs)
+    return reused(array_shapes, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
 
 
 @st.composite
@@ -201,4 +186,4 @@ def broadcast_forms(shape: tuple[int, ...], *, allowed: Sequence[bool] | None = 
     flags = (True,) * len(shape) if allowed is None else tuple(allowed)
     if len(flags) != len(shape) or any(not isinstance(f, bool) for f in flags):
         raise InvalidArgument(f"allowed={allowed!r} must be one bool per dim of shape={shape!r}")
-    return _cached(_broadcast_forms, shape, flags)
+    return reused(_broadcast_forms, shape, flags)

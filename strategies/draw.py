@@ -32,6 +32,7 @@ from strategies.recipes import (
     ScalarRecipe,
     TensorRecipe,
 )
+from strategies.reuse import just, reused, sampled
 from strategies.values import distinct_seed, magnitudes, mask_densities, value_seeds
 
 __all__ = ["SENTINEL_FRACTIONS", "PartialCase", "cornered", "draw_recipe", "drawn_shape", "most_broadcast", "shape_of"]
@@ -112,7 +113,7 @@ def drawn_shape(spec_input: Shaped, draw: st.DrawFn, case: PartialCase) -> tuple
         return shape
     level = case.options.corner.choice(BROADCAST_LABEL) if case.options.corner is not None else None
     if level is not None:  # a corner: the declared shape, or its most broadcast form
-        return draw(st.just(most_broadcast(shape, allowed) if level % 2 else shape), label=f"{spec_input.name} broadcast shape")
+        return draw(just(most_broadcast(shape, allowed) if level % 2 else shape), label=f"{spec_input.name} broadcast shape")
     return draw(broadcast_forms(shape, allowed=allowed), label=f"{spec_input.name} broadcast shape")
 
 
@@ -137,13 +138,13 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
     shape = drawn_shape(spec_input, draw, case)
     scale = draw(_cornered(magnitudes(dtype=case.dtype, extreme=options.extreme), scale_label(name), case), label=scale_label(name))
-    constant = options.constant_rows and not options.spacing and draw(st.booleans(), label=f"{name} constant rows")
-    layout = draw(_cornered(st.sampled_from(tuple(options.layouts)), layout_label(name), case), label=layout_label(name))
+    constant = options.constant_rows and not options.spacing and draw(reused(st.booleans), label=f"{name} constant rows")
+    layout = draw(_cornered(sampled(tuple(options.layouts)), layout_label(name), case), label=layout_label(name))
     # Only constant rows can be stored stride-0 with the same values.
     constant = constant or layout == "expanded"
     pattern = "random"
     if tuple(options.value_patterns) != ("random",) and not options.spacing:
-        pattern = draw(st.sampled_from(tuple(options.value_patterns)), label=f"{name} pattern")
+        pattern = draw(sampled(tuple(options.value_patterns)), label=f"{name} pattern")
         if pattern == "near_zero" and spec_input.domain != "real":
             pattern = "random"
     return TensorRecipe(
@@ -156,7 +157,7 @@ def _draw_mask_of(recipe_class: type[MaskRecipe], spec_input: Mask, draw: st.Dra
     name = spec_input.name
     shape = spec_input.parsed.concrete(case.sizes, case.batches)
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
-    kind = draw(_cornered(st.sampled_from(tuple(case.options.mask_kinds)), mask_kind_label(name), case), label=mask_kind_label(name))
+    kind = draw(_cornered(sampled(tuple(case.options.mask_kinds)), mask_kind_label(name), case), label=mask_kind_label(name))
     density = draw(mask_densities(), label=f"{name} mask density") if kind in ("random", "masked_rows") else 0.7
     return recipe_class(name, shape=shape, seed=seed, mask_kind=kind, density=density)
 
@@ -180,9 +181,9 @@ def _draw_index(spec_input: Index, draw: st.DrawFn, case: PartialCase) -> Recipe
     fraction = 0.0
     if spec_input.sentinels:
         # A corner asks for sentinels first (shrinking goes to none): ignore_index present, then all.
-        fractions = st.sampled_from(SENTINEL_FRACTIONS)
+        fractions = sampled(SENTINEL_FRACTIONS)
         if case.options.corner is not None and case.options.corner.choice(f"{name} sentinel fraction") is not None:
-            fractions = st.sampled_from((*SENTINEL_FRACTIONS[1:], SENTINEL_FRACTIONS[0]))
+            fractions = sampled((*SENTINEL_FRACTIONS[1:], SENTINEL_FRACTIONS[0]))
         fraction = draw(_cornered(fractions, f"{name} sentinel fraction", case), label=f"{name} sentinel fraction")
     return IndexRecipe(name, shape=shape, seed=seed, high=high, sentinels=tuple(spec_input.sentinels), sentinel_fraction=fraction)
 
@@ -205,7 +206,7 @@ def cornered(strategy: st.SearchStrategy[Any], label: str, corner: Corner | None
     """``strategy``, or the value a coverage corner picks from its finite values (by index)."""
     index = corner.choice(label) if corner is not None else None
     values = finite_values(strategy) if index is not None else None
-    return st.just(values[index % len(values)]) if values and index is not None else strategy
+    return just(values[index % len(values)]) if values and index is not None else strategy
 
 
 @draw_recipe.register
@@ -233,7 +234,7 @@ def _draw_derived(spec_input: Derived, draw: st.DrawFn, case: PartialCase) -> Re
         shape = source.shape  # drawn like its source: tables of one call share their broadcast form
     else:
         shape = drawn_shape(spec_input, draw, case)
-    layout = draw(st.sampled_from(tuple(case.options.layouts)), label=layout_label(name))
+    layout = draw(sampled(tuple(case.options.layouts)), label=layout_label(name))
     if layout == "expanded":
         layout = "contiguous"  # computed values: no constant rows to store stride-0
     return DerivedRecipe(

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from conformance.spec import Spec
+from strategies.reuse import sampled
 
 __all__ = ["device_supports", "dtypes_for", "requires_grad_classes", "requires_grad_subsets"]
 
@@ -43,7 +44,7 @@ def dtypes_for(
         raise InvalidArgument(
             f"no dtype left for spec {spec.name!r} on device={device!r}: spec dtypes {spec.dtypes}, dtypes={dtypes!r}"
         )
-    return st.sampled_from(chosen)
+    return sampled(tuple(chosen))
 
 
 def requires_grad_classes(names: Sequence[str], *, min_size: int = 0) -> tuple[frozenset[str], ...]:

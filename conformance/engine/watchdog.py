@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import hashlib
 import json
 import os
@@ -258,6 +259,7 @@ class FlightRecorder:
         self.stack_file.close()
 
 
+@functools.lru_cache(maxsize=1024)  # asked before every case a contract draws
 def _hang_path(directory: Path, function: str, device: str) -> Path:
     digest = hashlib.sha256(f"{function}|{device}".encode()).hexdigest()[:24]
     return directory / "hangs" / f"{digest}.json"

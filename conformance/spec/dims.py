@@ -14,6 +14,7 @@ size drawn, and every size shrunk to fit a budget, is made legal by :meth:`DimBo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -183,6 +184,15 @@ def dim_bounds(names: tuple[str, ...], rules: Mapping[str, DimRule], *, run_min:
     zero sizes), so rules that hold with ``run_min=1`` (what registration checks) hold in every
     run; a larger ``run_min`` (compile's growing sizes) only moves ``start``.
     """
+    own = {name: rule for name, rule in rules.items() if name in names}
+    return dict(_dim_bounds(tuple(names), tuple(own.items()), run_min))
+
+
+@functools.lru_cache(maxsize=1024)
+def _dim_bounds(names: tuple[str, ...], rule_items: tuple[tuple[str, DimRule], ...], run_min: int) -> dict[str, DimBounds]:
+    """:func:`dim_bounds` on hashable arguments, once per arguments (a case draws it every example;
+    callers get a copy of the dict: the :class:`DimBounds` are frozen)."""
+    rules = dict(rule_items)
     order = rule_order(names, rules)
     rule = {name: rules.get(name, DimRule()) for name in order}
     low: dict[str, int] = {}

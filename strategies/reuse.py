@@ -4,8 +4,7 @@ strategy built anew per draw costs that work every time."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from hypothesis import strategies as st
@@ -17,13 +16,34 @@ _Value = TypeVar("_Value")
 
 
 def reused(factory: Callable[..., _Made], *args: Any, **kwargs: Any) -> _Made:
-    """``factory(*args, **kwargs)``, one object per (hashable) arguments."""
-    return cast(_Made, _made(factory, *args, **kwargs))
+    """``factory(*args, **kwargs)``, one object per (hashable) arguments of the same types:
+    ``0``, ``False`` and ``0.0`` are equal keys to a dict, but not the same draw."""
+    key = (factory, _typed(args), _typed(tuple(sorted(kwargs.items()))))
+    try:
+        made = _MADE.get(key)
+    except TypeError:  # an unhashable argument (a list inside a tuple): a new object, as without this
+        return factory(*args, **kwargs)
+    if made is None:
+        if len(_MADE) >= _MAX_MADE:
+            _MADE.clear()
+        made = _MADE[key] = factory(*args, **kwargs)
+    return cast(_Made, made)
 
 
-@functools.lru_cache(maxsize=4096)
-def _made(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return factory(*args, **kwargs)
+_MAX_MADE = 4096
+_MADE: dict[Any, Any] = {}
+
+
+def _typed(value: Any) -> Any:
+    """``value`` as a key that tells apart values Python finds equal (1 and 1.0 and True, 0.0
+    and -0.0), inside tuples and frozensets too."""
+    if isinstance(value, float):
+        return float, repr(value)
+    if isinstance(value, tuple):
+        return type(value), tuple(_typed(item) for item in value)
+    if isinstance(value, frozenset):
+        return frozenset, frozenset(_typed(item) for item in value)
+    return type(value), value
 
 
 def sampled(values: tuple[_Value, ...]) -> st.SearchStrategy[_Value]:
@@ -33,9 +53,4 @@ def sampled(values: tuple[_Value, ...]) -> st.SearchStrategy[_Value]:
 
 def just(value: _Value) -> st.SearchStrategy[_Value]:
     """``st.just(value)``, one object per value when the value is hashable."""
-    if isinstance(value, Hashable):
-        try:
-            return reused(st.just, value)
-        except TypeError:  # hashable type, unhashable contents (a tuple holding a list)
-            pass
-    return st.just(value)
+    return reused(st.just, value)

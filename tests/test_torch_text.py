@@ -22,6 +22,7 @@ from conformance.engine.torch_text import (
     gradgradcheck_output_and_input,
     is_once_differentiable_node,
     raised_by_once_differentiable,
+    without_slow_mode_jacobians,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -115,6 +116,28 @@ def test_gradcheck_names_the_wrong_input() -> None:
     message = _gradcheck_message(torch.autograd.gradcheck, WrongSecondInput.apply, _inputs())
     assert gradcheck_input(message) == 1, message[:300]
     assert not gradcheck_not_reentrant(message)
+
+
+def test_fast_mode_without_slow_mode_jacobians_keeps_the_verdict_and_the_named_input() -> None:
+    """The search's brief fast-mode check: the same GradcheckError naming the same input, without
+    the slow-mode recomputation torch appends (one backward per element); torch's step is back after."""
+    fast = lambda fn, inputs: torch.autograd.gradcheck(fn, inputs, fast_mode=True)  # noqa: E731
+    full = _gradcheck_message(fast, WrongSecondInput.apply, _inputs())
+    assert "recompute numerical and analytical jacobians in slow mode" in full, full[-300:]
+    calls: list[int] = []
+    slow_step = torch.autograd.gradcheck.__globals__["_get_analytical_jacobian"]  # slow mode's analytical Jacobian
+    torch.autograd.gradcheck.__globals__["_get_analytical_jacobian"] = lambda *a, **k: (calls.append(1), slow_step(*a, **k))[1]
+    try:
+        with without_slow_mode_jacobians():
+            brief = _gradcheck_message(fast, WrongSecondInput.apply, _inputs())
+        assert calls == [], "slow-mode Jacobians were computed under without_slow_mode_jacobians()"
+        assert gradcheck_input(brief) == gradcheck_input(full) == 1, brief
+        assert "recompute numerical and analytical jacobians in slow mode" not in brief, brief
+        assert "not recomputed" in brief, brief
+        _gradcheck_message(fast, WrongSecondInput.apply, _inputs())
+        assert calls, "torch's slow-mode step was not restored after the block"
+    finally:
+        torch.autograd.gradcheck.__globals__["_get_analytical_jacobian"] = slow_step
 
 
 def test_gradcheck_reports_a_backward_that_is_not_reentrant() -> None:

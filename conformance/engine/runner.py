@@ -31,7 +31,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from hypothesis.errors import HypothesisException
+from hypothesis.control import current_build_context
+from hypothesis.errors import HypothesisException, InvalidArgument
 
 from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError, backward_raised
 from conformance.engine.evaluate import crash_owner
@@ -221,6 +222,18 @@ class Target:
         """Record why this example had nothing to check (the contract then returns)."""
         if self.context is not None:
             self.context.unchecked.setdefault(reason, None)
+
+    def reporting(self) -> bool:
+        """Whether a failure of this example is the one reported: Hypothesis' final run of the
+        minimal failing example, a replay of recorded draws, or a call outside Hypothesis. A
+        contract may leave out work that only words a failure message, never the verdict, on
+        every other example (the search and shrinking)."""
+        if self.replay_draws is not None:
+            return True
+        try:
+            return bool(current_build_context().is_final)
+        except InvalidArgument:  # no Hypothesis example running
+            return True
 
     def backward_ran(self, execution: Execution) -> bool:
         """Whether ``execution`` called backward; if not, records why (:meth:`not_checked`) for

@@ -10,7 +10,10 @@ vaguer report.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "gradgradcheck_output_and_input",
     "is_once_differentiable_node",
     "raised_by_once_differentiable",
+    "without_slow_mode_jacobians",
 ]
 
 # The torch release whose messages tests/test_torch_text.py checks.
@@ -32,6 +36,34 @@ JIT_SCRIPT_DEPRECATION = r".*torch\.jit\.script.* is deprecated"
 
 _GRADCHECK_INPUT = re.compile(r"with respect to input (\d+)")
 _GRADGRADCHECK_PAIR = re.compile(r"output (\d+) with respect to input (\d+)")
+
+
+_SLOW_MODE_STEP = "_run_slow_mode_and_get_error"  # torch.autograd.gradcheck's, called by name
+SLOW_MODE_SKIPPED = (
+    "\n(the slow-mode Jacobians torch prints here were not recomputed for this example: "
+    "the reported example recomputes them)\n"
+)
+
+
+@contextlib.contextmanager
+def without_slow_mode_jacobians() -> Iterator[None]:
+    """Fast-mode gradcheck/gradgradcheck without the message's slow-mode Jacobians.
+
+    On a fast-mode mismatch torch recomputes both Jacobians of the mismatching pair in slow mode
+    (one backward and two forwards per input element) only to print them in its message: the
+    verdict is the same, the cost is the whole slow check, paid on every failing example a search
+    meets and shrinks through. Here the message keeps torch's fast-mode part and says the rest was
+    skipped (:data:`SLOW_MODE_SKIPPED`). If this torch has no such step, nothing changes."""
+    module = importlib.import_module("torch.autograd.gradcheck")  # the module, not the function torch.autograd exports
+    original = getattr(module, _SLOW_MODE_STEP, None)
+    if original is None:
+        yield
+        return
+    setattr(module, _SLOW_MODE_STEP, lambda *args, **kwargs: SLOW_MODE_SKIPPED)
+    try:
+        yield
+    finally:
+        setattr(module, _SLOW_MODE_STEP, original)
 
 
 def gradcheck_not_reentrant(message: str) -> bool:

@@ -137,12 +137,13 @@ def figure_default(bench: Bench) -> list[str]:
         junit.append(junit_times(xml))
         progress(f"figure 1: -n 2 run {run + 1}/{bench.runs}")
         xdist.append(checked(run_child(pytest_command(*bench.suite_args(), "-n", "2"))))
-    main_job, no_corners = [], []
+    main_job, no_corners, main_xdist = [], [], []
     main_args = QUICK_MAIN_JOB if bench.quick else MAIN_JOB
     for run in range(bench.runs):
-        progress(f"figure 1: main job (--profile=ci), serial, run {run + 1}/{bench.runs}, with and without corners")
+        progress(f"figure 1: main job (--profile=ci), serial, run {run + 1}/{bench.runs}, with and without corners, and -n 2")
         main_job.append(checked(run_child(pytest_command(*main_args))))
         no_corners.append(checked(run_child(pytest_command(*main_args, *NO_CORNERS))))
+        main_xdist.append(checked(run_child(pytest_command(*main_args, "-n", "2"))))
     if bench.quick:
         threads2 = serial[-1]  # --quick reuses a serial run for this row: the smoke test checks the script, not numbers
     else:
@@ -163,6 +164,8 @@ def figure_default(bench: Bench) -> list[str]:
          spread([c.cpu for c in main_job]), spread([c.cpu / c.wall for c in main_job], fmt_ratio), main_job[-1].summary],
         [f"the same with `{' '.join(NO_CORNERS)}` (no coverage phase)", spread([c.wall for c in no_corners]),
          spread([c.cpu for c in no_corners]), spread([c.cpu / c.wall for c in no_corners], fmt_ratio), no_corners[-1].summary],
+        [f"main job `{' '.join(main_args)} -n 2`", spread([c.wall for c in main_xdist]),
+         spread([c.cpu for c in main_xdist]), spread([c.cpu / c.wall for c in main_xdist], fmt_ratio), main_xdist[-1].summary],
     ]
     command = " ".join(["pytest conformance -p no:cacheprovider -q", *bench.suite_args()])
     lines = [f"Command: `{command}` (default profile `dev`, default `--impl=reference_ops`), {bench.runs} run(s) each.", ""]
@@ -174,6 +177,8 @@ def figure_default(bench: Bench) -> list[str]:
         f"CPU cost of `-n 2` vs serial: {fmt_ratio(median([c.cpu for c in xdist]) / serial_cpu)}.",
         f"- Thread policy: `--threads=2` vs the default 1 thread: CPU {fmt_ratio(threads2.cpu / serial_cpu)}, "
         f"wall {fmt_ratio(threads2.wall / serial_wall)} (one run against the serial median).",
+        f"- Main job `-n 2` speed-up (serial wall / xdist wall, run by run): "
+        f"{spread([s.wall / x.wall for s, x in zip(main_job, main_xdist)], fmt_ratio)}.",
         f"- The coverage phase in the main job: CPU with corners / without, run by run: "
         f"{spread([a.cpu / b.cpu for a, b in zip(main_job, no_corners)], fmt_ratio)}.",
     ]
@@ -211,6 +216,7 @@ def figure_default(bench: Bench) -> list[str]:
         "threads2": {"wall": threads2.wall, "cpu": threads2.cpu, "summary": threads2.summary},
         "main_job": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in main_job],
         "main_job_no_corners": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in no_corners],
+        "main_job_xdist": [{"wall": c.wall, "cpu": c.cpu, "summary": c.summary} for c in main_xdist],
         "per_test_median": {f"{c}[{f}]": s for (c, f), s in per_test.items()},
         "triton_functions": triton,
     }

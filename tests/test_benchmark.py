@@ -58,8 +58,8 @@ def test_benchmark_quick_run_prints_every_figure(tmp_path: Path) -> None:
     numbers = json.loads((tmp_path / "numbers.json").read_text())
     assert numbers["quick"] and set(numbers["figures"]) == {"1", "2", "3", "4", "5", "6"}
     assert numbers["figures"]["1"]["serial"][0]["wall"] > 0
-    main_job = numbers["figures"]["1"]["main_job"] + numbers["figures"]["1"]["main_job_no_corners"]
-    assert len(main_job) == 2 and all(run["cpu"] > 0 and "passed" in run["summary"] for run in main_job), main_job
-    assert "no coverage phase" in report and "CPU with corners / without" in report
+    main_job = [numbers["figures"]["1"][key][0] for key in ("main_job", "main_job_no_corners", "main_job_xdist")]
+    assert len(main_job) == 3 and all(run["cpu"] > 0 and "passed" in run["summary"] for run in main_job), main_job
+    assert "no coverage phase" in report and "CPU with corners / without" in report and "Main job `-n 2` speed-up" in report
     assert all(bug["found"] == 1 for bug in numbers["figures"]["4"].values()), numbers["figures"]["4"]
     assert len(numbers["figures"]["6"]) == 3 and all(runs[0]["cpu"] > 0 for runs in numbers["figures"]["6"].values())

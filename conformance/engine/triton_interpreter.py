@@ -19,7 +19,8 @@ gaps and cuts that cost, process-wide:
   fails ("'float' object has no attribute 'to'"): they become float32 scalars, as a compiled
   kernel receives them.
 * Speed: a ``@triton.jit`` helper called inside a launch does not patch triton.language again,
-  once per program, when the launch already did (a quarter of the reference kernels' time).
+  once per program, when the launch already did (a quarter of the reference kernels' time); a
+  launch patches the builtins listed at the first launch, without ``inspect.getmembers``.
 
 The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
 interpreter. Import this module freely: it imports triton only inside its functions.
@@ -333,7 +334,7 @@ def _patch_device_function_calls() -> None:
 
     from triton.runtime import interpreter
 
-    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "InterpretedFunction", "InterpreterError")):
+    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_patch_builtin", "_patch_attr", "InterpretedFunction", "InterpreterError")):
         return  # another interpreter layout: leave it as it is
     original_patch = interpreter._patch_lang
     original_call = interpreter.InterpretedFunction.__call__
@@ -364,7 +365,24 @@ def _patch_device_function_calls() -> None:
         except Exception as error:
             raise interpreter.InterpreterError(repr(error)) from error
 
+    original_builtins = interpreter._patch_builtin
+    builtins_of: dict[int, tuple[Any, list[tuple[str, Any]]]] = {}
+
+    def patch_builtins(pkg: Any, builder: Any, scope: Any) -> None:
+        # A launch patches the same builtins every time: which they are is listed once (outside
+        # any launch, where the modules hold the originals), not by inspect.getmembers per launch.
+        listed = builtins_of.get(id(pkg))
+        if listed is None or listed[0] is not pkg:
+            if _PATCHED_LANGS["langs"]:
+                original_builtins(pkg, builder, scope)
+                return
+            members = [(name, member) for name, member in inspect.getmembers(pkg) if interpreter.tl.core.is_builtin(member)]
+            listed = builtins_of[id(pkg)] = (pkg, members)
+        for name, member in listed[1]:
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
     interpreter._patch_lang = patch_lang
+    interpreter._patch_builtin = patch_builtins
     interpreter.InterpretedFunction.__call__ = call
 
 

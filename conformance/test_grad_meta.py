@@ -14,14 +14,13 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute
 from conformance.engine.runner import Target
 from strategies.cases import CaseOptions
 
 
 def check_grad_meta(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    execution = execute(case)
+    execution = target.execution(case)
     require_sound(target.contract, execution)
     if target.backward_ran(execution):
         target.checked()

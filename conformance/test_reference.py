@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import Evaluated, execute
+from conformance.engine.evaluate import Evaluated
 from conformance.engine.harness import random_state
 from conformance.engine.numerics import (
     checked_positions,
@@ -51,7 +51,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     if target.context is not None:
         target.context.use_case(case.with_dtype(dtype))  # the repro rebuilds this dtype
     with random_state(spec, case):
-        impl = execute(case, dtype=dtype)
+        impl = target.execution(case, dtype=dtype)
     require_sound(target.contract, impl)
     names = [recipe.name for recipe in case.recipes]
     # The truth is computed from pristine inputs and grad_outputs, rebuilt from the case: a

@@ -13,14 +13,13 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound, structural_defects
-from conformance.engine.evaluate import execute
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 
 
 def check_return_count(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    execution = execute(case)
+    execution = target.execution(case)
     for call in execution.recorder.calls:
         defects = structural_defects(case, call, execution.args, execution.outputs)
         own = [d for d in defects if d.owner == target.contract]

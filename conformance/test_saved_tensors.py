@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute, forward, gradients
+from conformance.engine.evaluate import forward, gradients
 from conformance.engine.harness import Execution, differentiable_positions
 from conformance.engine.held import Held, owner_of
 from conformance.engine.report import fail
@@ -93,7 +93,7 @@ _VIEWS = {"numpy": "a numpy view", "memoryview": "a memoryview", "storage": "a s
 def check_saved_tensors(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
     fn_name = target.spec.display_name
-    execution = execute(case)
+    execution = target.execution(case)
     require_sound(target.contract, execution)
     if not target.backward_ran(execution):
         return  # without a backward there is no ctx to inspect and no graph to free

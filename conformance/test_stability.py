@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute
 from conformance.engine.harness import random_state
 from conformance.engine.numerics import compare_finiteness, reference_truth_and_baseline
 from conformance.engine.report import fail
@@ -65,7 +64,7 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     dtype_name = str(dtype).removeprefix("torch.")
     scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
     with random_state(spec, case):  # declared random: every evaluation draws the same numbers
-        impl = execute(case)
+        impl = target.execution(case)
     require_sound(target.contract, impl)
     names = [recipe.name for recipe in case.recipes]
     # The truth comes from pristine inputs and grad_outputs, rebuilt from the case: a Function that

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute
 from conformance.engine.harness import random_state
 from conformance.engine.runner import VARIED_CASES, Target
 
@@ -28,7 +27,7 @@ NOTHING_ALLOCATED = (
 def check_unwritten_memory(target: Target, data: st.DataObject) -> None:
     case = target.draw_varied_case(data)
     with random_state(case.spec, case):
-        execution = execute(case)
+        execution = target.execution(case)
     require_sound(target.contract, execution)
     if execution.recorder.uninitialised_allocations:
         target.checked()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conformance.plugin.collection import shard_of_rows
+from conformance.plugin.collection import ContractTest, contract_test_key, function_by_function, shard_of_rows
 from conformance.plugin.merge import MergeError, main, merge_reports
 from conformance.plugin.options import parse_shard
 from conformance.plugin.outcomes import SCHEMA_VERSION
@@ -122,4 +123,24 @@ def test_three_slices_merged_are_the_unsharded_run(conformance_run, pytester: py
     drop = ("duration", "rerun", "repro", "message")
     assert [{k: v for k, v in r.items() if k not in drop} for r in got["results"]] == [
         {k: v for k, v in r.items() if k not in drop} for r in expected["results"]
+    ]
+
+
+def test_contract_tests_run_function_by_function_and_other_items_keep_their_place() -> None:
+    """The order the evaluation pool relies on: each Function's (and device's) contracts in a row,
+    in their collected order; an item that is not a contract test stays where it was."""
+    def item(contract: str | None, function: str = "", device: str = "cpu") -> Any:
+        node = SimpleNamespace(stash=pytest.Stash(), name=f"{contract}[{function}-{device}]" if contract else "plain")
+        if contract is not None:
+            node.stash[contract_test_key] = ContractTest(
+                SimpleNamespace(name=contract), SimpleNamespace(name=function), device  # type: ignore[arg-type]
+            )
+        return node
+
+    items = [item("grad_meta", "a"), item("grad_meta", "b"), item(None), item("grad_meta", "a", "cuda"),
+             item("reference", "b"), item("reference", "a"), item("reference", "a", "cuda")]
+    function_by_function(items)
+    assert [i.name for i in items] == [
+        "grad_meta[a-cpu]", "reference[a-cpu]", "plain", "grad_meta[b-cpu]", "reference[b-cpu]",
+        "grad_meta[a-cuda]", "reference[a-cuda]",
     ]

@@ -33,6 +33,7 @@ from _pytest.outcomes import OutcomeException
 from autograd_conformance_plugin import PROFILES
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.loader import ImplError, load_impls
+from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.verdict import Outcome, Verdict
@@ -192,18 +193,20 @@ def check(
     )
     known = discover()
     chosen = _chosen_contracts(known, contracts, skip_contracts)
-    results = []
+    found: dict[tuple[int, int, int], ContractResult] = {}
+    pool = EvaluationPool()  # one Function's tests in a row share their evaluations
     with _run_scope(options.threads) as (flight, repro_dir), worker_gpu() if "cuda" in options.devices else nullcontext():
-        for info in chosen:
-            for spec in specs:
-                loaded_by = _repro_impl(spec, impl)
-                for one_device in (d for d in options.devices if d in spec.devices):
+        for spec_index, spec in enumerate(specs):
+            loaded_by = _repro_impl(spec, impl)
+            for device_index, one_device in enumerate(d for d in options.devices if d in spec.devices):
+                for info_index, info in enumerate(chosen):
                     verdict = _run_one(
                         info, spec, one_device, replace(options.engine(), impl=loaded_by or "?"), flight=flight,
                         repro_dir=repro_dir if loaded_by else None,
-                        rerun=_rerun(target, spec, info.name, one_device, seed, profile, max_examples),
+                        rerun=_rerun(target, spec, info.name, one_device, seed, profile, max_examples), pool=pool,
                     )
-                    results.append(ContractResult(info.name, spec.name, one_device, verdict))
+                    found[(info_index, spec_index, device_index)] = ContractResult(info.name, spec.name, one_device, verdict)
+    results = [found[key] for key in sorted(found)]  # contract by contract, as documented
     result = CheckResult(tuple(results), seed=seed, profile=profile, max_examples=max_examples)
     if raise_on_failure and not result.passed:
         raise ConformanceFailure(result)
@@ -373,14 +376,14 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
 
 
 def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *, flight: FlightRecorder,
-             repro_dir: Path | None, rerun: str) -> Verdict:
+             repro_dir: Path | None, rerun: str, pool: EvaluationPool | None = None) -> Verdict:
     """One contract test, as the plugin runs it (a repro script only where ``repro_dir`` is
     given: a spec some module registers): its verdict."""
     properties: list[tuple[str, object]] = []
     target = Target(
         spec=spec, device=device, contract=info.name, options=options,
         case_options=info.case, contract_examples=info.max_examples, nodeid=f"check::{info.name}[{spec.name}-{device}]",
-        user_properties=properties, rerun=rerun, repro_dir=repro_dir, run_dir=Path.cwd(), flight=flight,
+        user_properties=properties, rerun=rerun, repro_dir=repro_dir, run_dir=Path.cwd(), flight=flight, pool=pool,
     )
     flight.start_test(target.nodeid, info.name, spec.name, device, rerun)
     test = getattr(importlib.import_module(info.module), f"test_{info.name}")

@@ -35,10 +35,11 @@ from hypothesis.control import current_build_context
 from hypothesis.errors import HypothesisException, InvalidArgument
 
 from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError, backward_raised
-from conformance.engine.evaluate import crash_owner
+from conformance.engine.evaluate import crash_owner, execute
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
+from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
     ContractFailure,
     TestContext,
@@ -145,6 +146,7 @@ class Target:
     corner: Corner | None = field(default=None, repr=False)  # the coverage phase's, for an example's first case
     corner_pending: bool = field(default=False, repr=False)
     case_strategies: dict[CaseOptions, st.SearchStrategy[Case]] = field(default_factory=dict, repr=False)
+    pool: EvaluationPool | None = field(default=None, repr=False)  # evaluations shared with this Function's other tests
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -222,6 +224,22 @@ class Target:
         """Record why this example had nothing to check (the contract then returns)."""
         if self.context is not None:
             self.context.unchecked.setdefault(reason, None)
+
+    def execution(
+        self, case: Case, *, dtype: torch.dtype | None = None, requires_grad: frozenset[str] | None = None, rng: str = ""
+    ) -> Execution:
+        """``execute(case, dtype=dtype, requires_grad=requires_grad)``, shared: the same evaluation
+        serves every test of this Function and device that asks for an equal case and options under
+        the same RNG regime ``rng`` (the caller's own seeding, named), as long as it is intact
+        (:mod:`conformance.engine.pool`); made fresh without a pool."""
+
+        def make() -> Execution:
+            return execute(case, dtype=dtype, requires_grad=requires_grad)
+
+        if self.pool is None:
+            return make()
+        options = (str(dtype or case.dtype), tuple(sorted(case.requires_grad if requires_grad is None else requires_grad)))
+        return self.pool.execution(case, make, options=options, rng=rng)
 
     def reporting(self) -> bool:
         """Whether a failure of this example is the one reported: Hypothesis' final run of the

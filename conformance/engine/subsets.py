@@ -29,14 +29,15 @@ from strategies.recipes import FloatingRecipe
 EXHAUSTIVE_INPUTS = 4
 
 
-def _run(case: Case, subset: frozenset[str]) -> Execution:
-    """Forward and backward with ``subset`` requiring grad, under a fixed RNG seed.
+def _run(target: Target, case: Case, subset: frozenset[str]) -> Execution:
+    """Forward and backward with ``subset`` requiring grad, under a fixed RNG seed (shared by
+    needs_input_grad and unneeded_grads, which run the same subsets of the same cases).
 
     The seed makes Functions that draw random numbers (dropout masks) draw the same ones in
     every run, so their gradients are comparable across subsets.
     """
     with fixed_rng(case.grad_seed, case.device):
-        return execute(case, requires_grad=subset)
+        return target.execution(case, requires_grad=subset, rng=f"fixed_rng({case.grad_seed})")
 
 
 def _subsets(case: Case) -> list[frozenset[str]]:
@@ -72,7 +73,7 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
     correctness half (needs_input_grad) or the efficiency half (unneeded_grads)."""
     drawn = target.draw_case(data)
     everything = frozenset(i.name for i in target.spec.differentiable_inputs)
-    full = _run(drawn, everything)
+    full = _run(target, replace(drawn, requires_grad=everything), everything)
     require_sound(target.contract, full)
     if everything and not target.backward_ran(full):
         return  # no differentiable output reached backward: nothing to compare with
@@ -86,7 +87,7 @@ def run_subsets(target: Target, data: st.DataObject, *, efficiency: bool) -> Non
         case = replace(drawn, requires_grad=subset)
         if target.context is not None:
             target.context.case = case  # the report and repro show the subset that failed
-        execution = _run(case, subset)
+        execution = _run(target, case, subset)
         if efficiency:
             # A wrong needs_input_grad index also computes an unneeded gradient: one defect,
             # reported once, by needs_input_grad.

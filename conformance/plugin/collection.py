@@ -113,6 +113,21 @@ def deselect(config: pytest.Config, items: list[pytest.Item], options: RunOption
         items[:] = kept
 
 
+def function_by_function(items: list[pytest.Item]) -> None:
+    """Order the contract tests Function by Function (each Function's contracts in their collected
+    order), so that the tests sharing a Function's evaluations (:mod:`conformance.engine.pool`) run
+    one after another; every other item keeps its place."""
+    places = [index for index, item in enumerate(items) if item.stash.get(contract_test_key, None) is not None]
+    tests = [items[index] for index in places]
+    order: dict[tuple[str, str], int] = {}
+    for item in tests:
+        test = item.stash[contract_test_key]
+        order.setdefault((test.spec.name, test.device), len(order))
+    tests.sort(key=lambda item: order[(item.stash[contract_test_key].spec.name, item.stash[contract_test_key].device)])
+    for index, item in zip(places, tests):
+        items[index] = item
+
+
 def shard_of_rows(tests_per_row: Mapping[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:
     """Slice (1..shards) of each (function, device) row: the largest rows first, each to the slice
     with the fewest tests so far (the lowest on ties). Depends only on the rows and their counts, so

@@ -29,6 +29,7 @@ from conformance.engine.author_code import Executed, Region, Tracer, regions_of
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
 from conformance.engine.loader import ImplError, load_impls
+from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import Target
 from conformance.engine.verdict import Outcome, Verdict, tier_of
@@ -40,6 +41,7 @@ from conformance.plugin.collection import (
     contract_test_key,
     deselect,
     dtype_expectations_key,
+    function_by_function,
     keep_shard,
     mark_contract_tests,
     rerun_command,
@@ -91,6 +93,7 @@ class ConformanceSession:
         self.author_regions: dict[str, tuple[Region, ...]] = {}
         self.author_executed = Executed()
         self.tracer: Tracer | None = None
+        self.pool = EvaluationPool()  # evaluations shared by the tests of the Function the run is on
 
     # ---------------------------------------------------------------- setup
 
@@ -220,6 +223,7 @@ class ConformanceSession:
         deselect(config, items, self.options)
         if self.options.shard is not None:
             keep_shard(config, items, self.options.shard)
+        function_by_function(items)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -466,6 +470,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         run_dir=session.run_dir,
         dtype_expectations=node.stash.get(dtype_expectations_key, ()),
         strict_expectations=session.expectations is not None and session.expectations.strict,
+        pool=session.pool,
     )
     if device == "cuda" and not cuda_usable():
         target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")

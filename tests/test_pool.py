@@ -1,0 +1,129 @@
+"""conformance.engine.pool: one evaluation per equal case and options for a Function's tests --
+shared where sharing cannot change a verdict, made again where it could (a declared-random
+Function, another RNG regime or options, a tensor handed out earlier and written since)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from conformance.engine.pool import EvaluationPool
+from conformance.engine.runner import Target
+from conformance.spec import Spec, Tensor
+from strategies.cases import Case
+from strategies.recipes import TensorRecipe
+
+CALLS: list[str] = []
+WORKSPACE = torch.zeros(3, dtype=torch.float64)
+
+
+class CountedScale(torch.autograd.Function):
+    """y = 2x, counting its forward calls."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append("forward")
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+class ReusedWorkspace(torch.autograd.Function):
+    """y = 2x written into one module-level buffer on every call: an earlier output changes."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append("forward")
+        WORKSPACE.copy_(x.detach() * 2)
+        return WORKSPACE.view_as(WORKSPACE)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def _spec(fn: type[torch.autograd.Function], *, name: str, nondeterministic: bool = False) -> Spec:
+    return Spec(
+        fn=fn, name=name, inputs=(Tensor("x", "3"),), reference=lambda x: 2 * x, dtypes=(torch.float64,),
+        devices=("cpu",), double_backward=False, surrogate=None, mutates=(), nondeterministic=nondeterministic,
+    )
+
+
+def _case(spec: Spec, seed: int = 0) -> Case:
+    return Case(
+        spec=spec, device="cpu", dtype=torch.float64, sizes={}, batches={},
+        recipes=(TensorRecipe(name="x", shape=(3,), seed=seed),), requires_grad=frozenset({"x"}),
+    )
+
+
+def _target(spec: Spec, pool: EvaluationPool | None, contract: str = "return_count") -> Target:
+    return Target(spec=spec, device="cpu", contract=contract, pool=pool)
+
+
+def test_an_equal_case_is_evaluated_once_for_every_test_of_the_function() -> None:
+    spec, pool = _spec(CountedScale, name="counted"), EvaluationPool()
+    CALLS.clear()
+    first = _target(spec, pool, "return_count").execution(_case(spec))
+    again = _case(spec)  # equal, not the same object
+    second = _target(spec, pool, "grad_meta").execution(again)
+    assert CALLS == ["forward"], f"forward calls={len(CALLS)}, but should be 1 [two tests, one equal case]"
+    assert second.case is again and first.outputs[0] is second.outputs[0]
+    torch.testing.assert_close(second.grads["x"], 2 * second.grad_outputs_before[0])
+    assert (pool.stats.made, pool.stats.served) == (1, 1)
+
+
+def test_other_values_options_or_rng_regimes_are_evaluated_again() -> None:
+    spec, pool = _spec(CountedScale, name="counted"), EvaluationPool()
+    target = _target(spec, pool)
+    CALLS.clear()
+    target.execution(_case(spec))
+    target.execution(_case(spec, seed=1))  # other values
+    target.execution(_case(spec), requires_grad=frozenset())  # other options
+    target.execution(_case(spec), rng="fixed_rng(0)")  # another caller's seeding
+    assert len(CALLS) == 4, f"forward calls={len(CALLS)}, but should be 4 [four different evaluations]"
+    target.execution(_case(spec), rng="fixed_rng(0)")
+    assert len(CALLS) == 4 and pool.stats.served == 1
+
+
+def test_a_declared_random_function_is_never_shared() -> None:
+    spec, pool = _spec(CountedScale, name="random_scale", nondeterministic=True), EvaluationPool()
+    CALLS.clear()
+    for _ in range(2):
+        _target(spec, pool).execution(_case(spec))
+    assert len(CALLS) == 2 and pool.stats.unshared == 2 and pool.stats.served == 0
+
+
+def test_an_evaluation_whose_tensors_changed_since_is_made_again() -> None:
+    spec, pool = _spec(ReusedWorkspace, name="workspace"), EvaluationPool()
+    target = _target(spec, pool)
+    CALLS.clear()
+    kept = target.execution(_case(spec, seed=0))
+    target.execution(_case(spec, seed=1))  # overwrites the buffer kept's output is
+    assert not torch.equal(kept.outputs[0], 2 * kept.args[0].detach())
+    fresh = target.execution(_case(spec, seed=0))
+    assert len(CALLS) == 3 and pool.stats.stale == 1, (CALLS, pool.stats)
+    torch.testing.assert_close(fresh.outputs[0], 2 * fresh.args[0].detach())
+
+
+def test_another_function_starts_an_empty_pool_and_no_pool_evaluates_every_time() -> None:
+    first, second, pool = _spec(CountedScale, name="one"), _spec(CountedScale, name="two"), EvaluationPool()
+    CALLS.clear()
+    _target(first, pool).execution(_case(first))
+    _target(second, pool).execution(_case(second))
+    _target(first, pool).execution(_case(first))  # the run moved on: not kept
+    _target(first, None).execution(_case(first))
+    _target(first, None).execution(_case(first))
+    assert len(CALLS) == 5 and pool.stats.served == 0
+
+
+def test_a_case_differing_only_in_notes_shares_and_keeps_its_own_notes() -> None:
+    spec, pool = _spec(CountedScale, name="counted"), EvaluationPool()
+    CALLS.clear()
+    _target(spec, pool).execution(_case(spec))
+    noted = dataclasses.replace(_case(spec), notes={"family": "extreme"})
+    served = _target(spec, pool, "stability").execution(noted)
+    assert len(CALLS) == 1 and served.case.notes == {"family": "extreme"}

@@ -15,7 +15,8 @@ An evaluation is shared only where sharing cannot change a verdict:
 * before a kept evaluation is handed out again, its tensors (inputs, outputs, gradients) are
   compared bitwise with a snapshot taken when it was made: a Function that writes into a tensor it
   handed out earlier (a reused workspace returned as a result) gets a fresh evaluation instead;
-* a contract that evaluates twice to compare (determinism) asks the pool for its first call only.
+* a contract that compares two calls (determinism) makes both: every example starts from the same
+  RNG state, so an undeclared random draw shows only between two calls made in the same example.
 
 Each caller gets its own :class:`~conformance.engine.harness.Execution` record (the same tensors,
 its own case), so its report names its own case.

@@ -37,8 +37,8 @@ _MADE: dict[Any, Any] = {}
 def _typed(value: Any) -> Any:
     """``value`` as a key that tells apart values Python finds equal (1 and 1.0 and True, 0.0
     and -0.0), inside tuples and frozensets too."""
-    if isinstance(value, float):
-        return float, repr(value)
+    if isinstance(value, (float, complex)):
+        return type(value), repr(value)
     if isinstance(value, tuple):
         return type(value), tuple(_typed(item) for item in value)
     if isinstance(value, frozenset):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import torch
 
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.runner import Target
-from conformance.spec import Spec, Tensor
+from conformance.spec import Scalar, Spec, Tensor
 from strategies.cases import Case
-from strategies.recipes import TensorRecipe
+from strategies.recipes import ScalarRecipe, TensorRecipe
 
 CALLS: list[str] = []
 WORKSPACE = torch.zeros(3, dtype=torch.float64)
@@ -46,17 +47,47 @@ class ReusedWorkspace(torch.autograd.Function):
         return grad * 2
 
 
-def _spec(fn: type[torch.autograd.Function], *, name: str, nondeterministic: bool = False) -> Spec:
+class UndeclaredNoise(torch.autograd.Function):
+    """y = 2x + noise from torch's generator, not declared nondeterministic (determinism's defect)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append("forward")
+        return x * 2 + torch.rand_like(x) * 1e-6
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+class ScaledBy(torch.autograd.Function):
+    """y = scale * x for a Scalar ``scale``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: Any) -> torch.Tensor:
+        CALLS.append("forward")
+        ctx.scale = float(scale)
+        return x * ctx.scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def _spec(fn: type[torch.autograd.Function], *, name: str, nondeterministic: bool = False, scalar: bool = False) -> Spec:
+    inputs = (Tensor("x", "3"), Scalar("scale", 2.0)) if scalar else (Tensor("x", "3"),)
     return Spec(
-        fn=fn, name=name, inputs=(Tensor("x", "3"),), reference=lambda x: 2 * x, dtypes=(torch.float64,),
+        fn=fn, name=name, inputs=inputs, reference=lambda x, *rest: 2 * x, dtypes=(torch.float64,),
         devices=("cpu",), double_backward=False, surrogate=None, mutates=(), nondeterministic=nondeterministic,
     )
 
 
-def _case(spec: Spec, seed: int = 0) -> Case:
+def _case(spec: Spec, seed: int = 0, scale: Any = None) -> Case:
+    recipes: tuple[Any, ...] = (TensorRecipe(name="x", shape=(3,), seed=seed),)
+    if scale is not None:
+        recipes += (ScalarRecipe(name="scale", value=scale),)
     return Case(
-        spec=spec, device="cpu", dtype=torch.float64, sizes={}, batches={},
-        recipes=(TensorRecipe(name="x", shape=(3,), seed=seed),), requires_grad=frozenset({"x"}),
+        spec=spec, device="cpu", dtype=torch.float64, sizes={}, batches={}, recipes=recipes, requires_grad=frozenset({"x"}),
     )
 
 
@@ -89,12 +120,39 @@ def test_other_values_options_or_rng_regimes_are_evaluated_again() -> None:
     assert len(CALLS) == 4 and pool.stats.served == 1
 
 
-def test_a_declared_random_function_is_never_shared() -> None:
-    spec, pool = _spec(CountedScale, name="random_scale", nondeterministic=True), EvaluationPool()
+def test_a_declared_random_function_is_never_shared_and_frees_the_previous_functions() -> None:
+    earlier, spec, pool = _spec(CountedScale, name="earlier"), _spec(CountedScale, name="random_scale", nondeterministic=True), EvaluationPool()
+    _target(earlier, pool).execution(_case(earlier))
     CALLS.clear()
     for _ in range(2):
         _target(spec, pool).execution(_case(spec))
     assert len(CALLS) == 2 and pool.stats.unshared == 2 and pool.stats.served == 0
+    _target(earlier, pool).execution(_case(earlier))
+    assert len(CALLS) == 3, "the earlier Function's evaluation outlived the run's move to another Function"
+
+
+def test_an_evaluation_that_draws_random_numbers_is_not_kept() -> None:
+    """Every example starts from the same generator states: serving an evaluation that drew would
+    leave the next evaluation another state than a fresh call leaves it."""
+    spec, pool = _spec(UndeclaredNoise, name="noise"), EvaluationPool()
+    CALLS.clear()
+    for _ in range(2):
+        _target(spec, pool).execution(_case(spec))
+    assert len(CALLS) == 2 and pool.stats.drew == 2 and pool.stats.served == 0, pool.stats
+
+
+def test_a_scalar_whose_repr_rounds_is_not_shared() -> None:
+    """The key is the case's repro text: two numpy arrays that print alike are other cases."""
+    spec, pool = _spec(ScaledBy, name="scaled", scalar=True), EvaluationPool()
+    target = _target(spec, pool)
+    CALLS.clear()
+    first = target.execution(_case(spec, scale=np.array(0.123456789)))
+    second = target.execution(_case(spec, scale=np.array(0.1234567891)))
+    assert len(CALLS) == 2 and pool.stats.unshared == 2
+    assert not torch.equal(first.outputs[0], second.outputs[0])
+    target.execution(_case(spec, scale=0.5))
+    target.execution(_case(spec, scale=0.5))
+    assert len(CALLS) == 3 and pool.stats.served == 1
 
 
 def test_an_evaluation_whose_tensors_changed_since_is_made_again() -> None:

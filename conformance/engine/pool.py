@@ -9,10 +9,16 @@ by Function), and hands it to the next contract that asks for the same case and 
 
 An evaluation is shared only where sharing cannot change a verdict:
 
-* never for a Function declared ``nondeterministic`` (each call draws new numbers);
+* never for a Function declared ``nondeterministic`` (each call draws new numbers), nor for an
+  evaluation that drew from a global generator (torch's, Python's or numpy's): every example
+  starts from the same generator states, so a served evaluation would leave a later one another
+  state than a fresh one leaves it;
+* never for a case whose Scalar values are not plain numbers, strings, dtypes or tuples of them
+  (the key is the case's repro text, and a numpy array's repr rounds);
 * each RNG regime its own (``rng``: a contract that evaluates under a fixed seed shares only with
   contracts that use the same seed);
-* before a kept evaluation is handed out again, its tensors (inputs, outputs, gradients) are
+* before a kept evaluation is handed out again, its tensors (inputs, outputs, gradients, what
+  backward returned) are
   compared bitwise with a snapshot taken when it was made: a Function that writes into a tensor it
   handed out earlier (a reused workspace returned as a result) gets a fresh evaluation instead;
 * a contract that compares two calls (determinism) makes both: every example starts from the same
@@ -24,14 +30,18 @@ its own case), so its report names its own case.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
+from conformance.engine.global_state import rng_states
 from conformance.engine.harness import Execution
 from strategies.cases import Case
+from strategies.recipes import ScalarRecipe
 
 __all__ = ["EvaluationPool", "PoolStats"]
 
@@ -48,6 +58,7 @@ class PoolStats:
     served: int = 0  # evaluations handed out again instead of run
     stale: int = 0  # kept evaluations whose tensors had changed since: run again
     unshared: int = 0  # evaluations the pool could not key (or must not share): run, not kept
+    drew: int = 0  # evaluations that drew from a global generator: run, not kept
 
 
 @dataclass
@@ -80,7 +91,11 @@ class EvaluationPool:
                 return replace(kept.execution, case=case)
             self.stats.stale += 1
             del self._kept[key]
+        before = _generators()
         execution = make()
+        if not _same_generators(before, _generators()):
+            self.stats.drew += 1
+            return execution
         try:
             snapshot = _snapshot(execution)
         except (RuntimeError, TypeError):  # a layout without a byte view (sparse, quantized): not kept
@@ -98,12 +113,12 @@ class EvaluationPool:
 
     def _key(self, case: Case, options: tuple[Any, ...], rng: str) -> tuple[Any, ...] | None:
         spec = case.spec
-        if spec.nondeterministic:
-            return None
         owner = (spec.name, case.device)
         if owner != self._owner:  # the run moved on to another Function: its evaluations are not asked for again
             self.clear()
             self._owner = owner
+        if spec.nondeterministic or not all(_plain(r.value) for r in case.recipes if isinstance(r, ScalarRecipe)):
+            return None
         try:
             # The repro snippet rebuilds exactly these inputs and grad_outputs: it names every
             # value by its repr (0 and False, 0.0 and -0.0 differ), so equal snippets are equal cases.
@@ -115,10 +130,34 @@ class EvaluationPool:
         return key
 
 
+def _plain(value: Any) -> bool:
+    """A value whose repr tells it apart from every other value (not a numpy array's or a tensor's)."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype))
+
+
+def _generators() -> tuple[Any, ...]:
+    return rng_states(), random.getstate(), np.random.get_state(legacy=False)
+
+
+def _same_generators(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
+    torch_before, python_before, numpy_before = before
+    torch_after, python_after, numpy_after = after
+    return bool(
+        torch_before.same_as(torch_after) and python_before == python_after
+        and numpy_before["has_gauss"] == numpy_after["has_gauss"]
+        and numpy_before["state"]["pos"] == numpy_after["state"]["pos"]
+        and np.array_equal(numpy_before["state"]["key"], numpy_after["state"]["key"])
+    )
+
+
 def _tensors(execution: Execution) -> list[torch.Tensor]:
     found = [a for a in execution.args if isinstance(a, torch.Tensor)]
     found += [o for o in execution.outputs if isinstance(o, torch.Tensor)]
     found += [g for g in execution.grads.values() if isinstance(g, torch.Tensor)]
+    for call in execution.recorder.calls:  # what backward returned, before the engine's repairs
+        found += [g for g in (call.raw or ()) if isinstance(g, torch.Tensor)]
     return found
 
 

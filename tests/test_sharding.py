@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -127,29 +126,21 @@ def test_three_slices_merged_are_the_unsharded_run(conformance_run, pytester: py
     ]
 
 
-def test_contract_tests_run_function_by_function_and_other_items_keep_their_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_contract_tests_run_function_by_function_and_other_items_keep_their_place() -> None:
     """The order the evaluation pool relies on: each Function's (and device's) contracts in a row,
-    in their collected order, a Function that launches interpreted Triton kernels first; an item
-    that is not a contract test stays where it was."""
-    kernels = ModuleType("fake_kernels")
-    kernels.triton = ModuleType("triton")  # type: ignore[attr-defined]  # what uses_triton looks for
-    monkeypatch.setitem(sys.modules, "fake_kernels", kernels)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
+    in their collected order; an item that is not a contract test stays where it was."""
     def item(contract: str | None, function: str = "", device: str = "cpu") -> Any:
         node = SimpleNamespace(stash=pytest.Stash(), name=f"{contract}[{function}-{device}]" if contract else "plain")
         if contract is not None:
-            op = SimpleNamespace(module="fake_kernels" if function == "t" else "plain_ops")
             node.stash[contract_test_key] = ContractTest(
-                SimpleNamespace(name=contract), SimpleNamespace(name=function, op=op), device  # type: ignore[arg-type]
+                SimpleNamespace(name=contract), SimpleNamespace(name=function), device  # type: ignore[arg-type]
             )
         return node
 
     items = [item("grad_meta", "a"), item("grad_meta", "b"), item(None), item("grad_meta", "a", "cuda"),
-             item("reference", "b"), item("reference", "a"), item("reference", "a", "cuda"),
-             item("grad_meta", "t"), item("reference", "t"), item("grad_meta", "t", "cuda")]
+             item("reference", "b"), item("reference", "a"), item("reference", "a", "cuda")]
     function_by_function(items)
     assert [i.name for i in items] == [
-        "grad_meta[t-cpu]", "reference[t-cpu]", "plain", "grad_meta[a-cpu]", "reference[a-cpu]",
-        "grad_meta[b-cpu]", "reference[b-cpu]", "grad_meta[a-cuda]", "reference[a-cuda]", "grad_meta[t-cuda]",
+        "grad_meta[a-cpu]", "reference[a-cpu]", "plain", "grad_meta[b-cpu]", "reference[b-cpu]",
+        "grad_meta[a-cuda]", "reference[a-cuda]",
     ]

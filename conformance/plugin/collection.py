@@ -20,7 +20,6 @@ import pytest
 from autograd_conformance_plugin import CONTRACT_FIXTURE
 from conformance.engine.contract import ContractInfo, contract_of
 from conformance.engine.expectations import Expectation, Expectations
-from conformance.engine.triton_interpreter import interpreting, uses_triton
 from conformance.plugin.options import RunOptions
 from conformance.spec import Spec
 
@@ -35,18 +34,12 @@ __all__ = [
     "dtype_expectations_key",
     "keep_shard",
     "rerun_command",
-    "row_id",
     "shard_of_rows",
 ]
 
 # user_properties keys a contract test's reports carry to the controller (also under xdist).
 TEST_PROPERTY = "conformance_test"  # (contract, function, device)
 EXPECTATION_PROPERTY = "conformance_expectation"  # label of the entry that xfails it
-
-
-def row_id(function: str, device: str) -> str:
-    """A row's name (a Function on one device): every contract test's parameter id."""
-    return f"{function}-{device}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,25 +116,16 @@ def deselect(config: pytest.Config, items: list[pytest.Item], options: RunOption
 def function_by_function(items: list[pytest.Item]) -> None:
     """Order the contract tests Function by Function (each Function's contracts in their collected
     order), so that the tests sharing a Function's evaluations (:mod:`conformance.engine.pool`) run
-    one after another; every other item keeps its place. Rows known to be slow come first (a
-    Function launching Triton kernels on the CPU, where the interpreter runs them: a quarter of
-    the default run's time on 5 of its 60 Functions), so that under xdist, which hands out one row
-    at a time (:mod:`conformance.plugin.scheduling`), the last row a worker takes is a short one."""
+    one after another; every other item keeps its place."""
     places = [index for index, item in enumerate(items) if item.stash.get(contract_test_key, None) is not None]
     tests = [items[index] for index in places]
-    order: dict[tuple[str, str], tuple[bool, int]] = {}
+    order: dict[tuple[str, str], int] = {}
     for item in tests:
         test = item.stash[contract_test_key]
-        row = (test.spec.name, test.device)
-        if row not in order:
-            order[row] = (not _interpreted_triton(test), len(order))
+        order.setdefault((test.spec.name, test.device), len(order))
     tests.sort(key=lambda item: order[(item.stash[contract_test_key].spec.name, item.stash[contract_test_key].device)])
     for index, item in zip(places, tests):
         items[index] = item
-
-
-def _interpreted_triton(test: ContractTest) -> bool:
-    return test.device == "cpu" and interpreting() and uses_triton(test.spec.op.module)
 
 
 def shard_of_rows(tests_per_row: Mapping[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:

@@ -45,14 +45,12 @@ from conformance.plugin.collection import (
     keep_shard,
     mark_contract_tests,
     rerun_command,
-    row_id,
 )
 from conformance.plugin.devices import cuda_findings, cuda_usable, describe_cuda, prepare_devices, triton_mode
 from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.plugin.options import RunOptions, check_contract_names, parse_options
 from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo, author_gap_lines
 from conformance.plugin.reports import write_reports
-from conformance.plugin.scheduling import FunctionScheduling, dist_named_by_user
 from conformance.spec import Spec, SpecError
 from strategies import CaseOptions
 from strategies.coverage import coverage_corners, describe_coverage
@@ -150,17 +148,6 @@ class ConformanceSession:
                     self.config.workeroutput[AUTHOR_CODE_KEY] = executed.to_json()  # type: ignore[attr-defined]
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> FunctionScheduling | None:
-        """xdist's default (``load``) becomes one unit of work per row, so that a row's tests share
-        one worker's evaluation pool; a ``--dist`` the user names is left alone."""
-        if getattr(config.option, "dist", None) != "load" or dist_named_by_user(
-            config.invocation_params.args, [os.environ.get("PYTEST_ADDOPTS", ""), *config.getini("addopts")]
-        ):
-            return None
-        rows = [row_id(spec.name, device) for spec in self.specs for device in self.options.devices if device in spec.devices]
-        return FunctionScheduling(config, rows, log)
-
-    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         """An xdist worker's share of what ran (its flight record is read elsewhere)."""
         data = getattr(node, "workeroutput", {}).get(AUTHOR_CODE_KEY)
@@ -224,7 +211,7 @@ class ConformanceSession:
         if CONTRACT_FIXTURE not in metafunc.fixturenames:
             return
         params = [
-            pytest.param((spec, device), id=row_id(spec.name, device))
+            pytest.param((spec, device), id=f"{spec.name}-{device}")
             for spec in self.specs
             for device in self.options.devices
             if device in spec.devices

@@ -36,7 +36,7 @@ from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
-from conformance.engine.verdict import Outcome, Verdict
+from conformance.engine.verdict import Outcome, Verdict, owner_missed
 from conformance.engine.watchdog import FlightRecorder
 from conformance.plugin.devices import choose_triton_interpreter, cuda_findings, cuda_usable, worker_gpu
 from conformance.plugin.options import parse_options
@@ -84,13 +84,18 @@ class CheckResult:
 
     @property
     def failures(self) -> tuple[ContractResult, ...]:
-        """Failed tests, and tests blocked by a defect whose owner this call did not run (the defect
-        would otherwise go unreported)."""
-        ran = {(r.contract, r.function, r.device) for r in self.results}
-        return tuple(
-            r for r in self.results
-            if r.failed or (r.verdict.outcome is Outcome.BLOCKED and (r.verdict.owner, r.function, r.device) not in ran)
-        )
+        """Failed tests, and tests blocked by a defect whose owner did not fail in this call (not
+        run, or it passed on its own examples), the defect's only report."""
+        return tuple(r for r in self.results if r.failed or self.unreported(r) is not None)
+
+    def unreported(self, result: ContractResult) -> str | None:
+        """For a blocked test whose owner did not fail in this call, why
+        (:func:`~conformance.engine.verdict.owner_missed`); else None."""
+        if result.verdict.outcome is not Outcome.BLOCKED:
+            return None
+        row = {r.contract: (r.verdict.outcome, r.verdict.owner) for r in self.results
+               if (r.function, r.device) == (result.function, result.device)}
+        return owner_missed(result.verdict.owner, row)
 
     @property
     def checked(self) -> int:
@@ -148,7 +153,11 @@ class ConformanceFailure(AssertionError):
         for failure in self.failures:
             verdict = failure.verdict
             if verdict.outcome is Outcome.BLOCKED:
-                text = f"{verdict.describe()} (add {verdict.owner!r} to contracts= to see the defect itself)"
+                owner_ran = any((r.contract, r.function, r.device) == (verdict.owner, failure.function, failure.device)
+                                for r in result.results)
+                hint = (f"{result.unreported(failure)}: this test is the defect's only report" if owner_ran
+                        else f"add {verdict.owner!r} to contracts= to see the defect itself")
+                text = f"{verdict.describe()} ({hint})"
             else:
                 text = verdict.message or verdict.reason or "(no message)"
             parts.append(f"{failure.contract}[{failure.function}-{failure.device}]:\n{text}")

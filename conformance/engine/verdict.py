@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SKIP_OUTCOMES", "TIERS", "VERDICT_PROPERTY", "Outcome", "Verdict", "tier_of"]
+__all__ = ["SKIP_OUTCOMES", "TIERS", "VERDICT_PROPERTY", "Outcome", "Verdict", "owner_missed", "tier_of"]
 
 # The key of the serialised verdict in ``item.user_properties``.
 VERDICT_PROPERTY = "conformance_verdict"
@@ -58,6 +58,36 @@ def tier_of(outcome: Outcome, tier: str = "") -> str:
     """The tier of a finding: ``tier`` when given (advice promoted to a failure stays advice),
     else the outcome's own ("" for a verdict that found nothing)."""
     return tier or _OUTCOME_TIERS.get(outcome, "")
+
+
+# What an owner's test must end as for the tests it blocks to stay blocked: it reported a defect
+# (failed, errored), or the user's expectations file says it fails (xfailed).
+_OWNING_OUTCOMES = frozenset({Outcome.FAILED, Outcome.ERROR, Outcome.XFAILED})
+
+
+def owner_missed(owner: str, row: Mapping[str, tuple[Outcome, str]]) -> str | None:
+    """Why nobody reports the defect that blocked a test, or None when its owner's test failed.
+
+    ``row`` holds, for each contract that ran on the same Function and device, its outcome and,
+    when blocked, its owner. One defect, one failure: the owner fails and the others are blocked;
+    but the owner draws its own examples and may never meet the defect another contract found (a
+    wrong float32 backward found by autocast's check without autocast, on a case the reference
+    contract did not draw). Then the blocked test is the only report of the defect, and it must
+    fail. A chain of blocks is followed to its end."""
+    seen: set[str] = set()
+    while owner not in seen:
+        seen.add(owner)
+        entry = row.get(owner)
+        if entry is None:
+            return f"{owner} did not run"
+        outcome, next_owner = entry
+        if outcome is Outcome.BLOCKED and next_owner:
+            owner = next_owner
+            continue
+        if outcome in _OWNING_OUTCOMES:
+            return None
+        return f"{owner} {outcome.value.replace('_', ' ')} on its own examples"
+    return f"{owner} is blocked in a circle"
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ import re
 import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 from conformance.engine.author_code import Executed, Gap, Region, gaps_of
-from conformance.engine.verdict import TIERS, Outcome, tier_of
+from conformance.engine.verdict import TIERS, Outcome, owner_missed, tier_of
 
 __all__ = [
     "FAILURE_OUTCOMES",
@@ -225,6 +225,36 @@ class OutcomeMatrix:
             return
         row[contract] = cell
 
+    def report_unowned_defects(self) -> list[tuple[str, str, str]]:
+        """Turn each blocked cell whose owner did not fail in its row (:func:`owner_missed`) into
+        the failure that reports its defect; other cells of the row blocked by the same owner are
+        blocked by that failure instead (one defect, one failure). Returns the failures made, as
+        (function, device, contract). Call once, when every cell is in."""
+        made = []
+        for (function, device), row in self._rows.items():
+            outcomes = {contract: (Outcome(cell.outcome), cell.owner) for contract, cell in row.items()}
+            reporter: dict[str, str] = {}  # a missing owner -> the contract now failing in its place
+            for contract, cell in sorted(row.items()):
+                if cell.outcome != "blocked" or not cell.owner:
+                    continue
+                why = owner_missed(cell.owner, outcomes)
+                if why is None:
+                    continue
+                if cell.owner in reporter:
+                    now = reporter[cell.owner]
+                    reason = cell.reason.replace(f"blocked by {cell.owner}: ", f"blocked by {now}: ", 1)
+                    row[contract] = replace(cell, owner=now, reason=reason)
+                    continue
+                reporter[cell.owner] = contract
+                defect = _blocking_defect(cell)
+                reason = f"{defect} [found by {contract}, blocked by {cell.owner}, but {why}: {contract} reports it]"
+                row[contract] = Cell(
+                    outcome="failed", reason=reason, duration=cell.duration, message=f"{reason}\n{cell.reason}",
+                    rerun=cell.rerun, tier="defect",
+                )
+                made.append((function, device, contract))
+        return made
+
     def __len__(self) -> int:
         return sum(map(len, self._rows.values()))
 
@@ -423,6 +453,12 @@ class OutcomeMatrix:
 
     def markdown(self, run: RunInfo) -> str:
         return "\n".join(_markdown_lines(self, run)) + "\n"
+
+
+def _blocking_defect(cell: Cell) -> str:
+    """The defect's summary in a blocked cell's reason (``blocked by X: <defect>; see X; case: ...``)."""
+    text = cell.reason.removeprefix(f"blocked by {cell.owner}: ")
+    return text.split(f"; see {cell.owner}", 1)[0]
 
 
 def row_label(function: str, device: str) -> str:

@@ -317,9 +317,10 @@ class ConformanceSession:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.options.shard is not None and self.specs:
             # A slice left empty because the run has fewer rows than slices: that slice passed.
             session.exitstatus = pytest.ExitCode.OK
-        if self.expectations is None or not self.expectations.strict:
-            return
-        if self.stale_expectations() and exitstatus == pytest.ExitCode.OK:
+        # A test blocked by a defect whose owner passed is the defect's only report: it fails.
+        unowned = self.matrix.report_unowned_defects()
+        strict_stale = self.expectations is not None and self.expectations.strict and self.stale_expectations()
+        if (unowned or strict_stale) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def run_info(self) -> RunInfo:

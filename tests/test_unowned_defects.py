@@ -1,0 +1,75 @@
+"""A test blocked by a defect whose owner did not fail is that defect's only report: it fails
+(engine/verdict.owner_missed; the plugin's matrix at the end of the run, and check()).
+
+Found by a new user's trial: an RMSNorm whose block loop kept only the last block's dweight. The
+reference contract's own examples never had more than one block of rows and it passed; autocast's
+check without autocast drew more rows, found the float32 defect, and was blocked by reference, so
+the only evidence of the bug was a skip and the run exited 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.engine.verdict import Outcome, owner_missed
+from conformance.plugin.outcomes import Cell, OutcomeMatrix
+from tests.conftest import CONFORMANCE_DIR, ZOO
+
+PASSED, FAILED, BLOCKED = Outcome.PASSED, Outcome.FAILED, Outcome.BLOCKED
+
+
+def test_owner_missed_follows_the_owner_to_its_outcome() -> None:
+    assert owner_missed("reference", {"reference": (FAILED, "")}) is None
+    assert owner_missed("reference", {"reference": (Outcome.ERROR, "")}) is None
+    assert owner_missed("reference", {"reference": (Outcome.XFAILED, "")}) is None  # the user expects it to fail
+    assert owner_missed("reference", {"reference": (PASSED, "")}) == "reference passed on its own examples"
+    assert owner_missed("reference", {"reference": (Outcome.NOT_APPLICABLE, "")}) == "reference not applicable on its own examples"
+    assert owner_missed("reference", {}) == "reference did not run"
+    # A chain of blocks ends where someone failed, or did not.
+    assert owner_missed("grad_meta", {"grad_meta": (BLOCKED, "return_count"), "return_count": (FAILED, "")}) is None
+    assert owner_missed("grad_meta", {"grad_meta": (BLOCKED, "return_count"), "return_count": (PASSED, "")}) == (
+        "return_count passed on its own examples"
+    )
+    assert owner_missed("a", {"a": (BLOCKED, "b"), "b": (BLOCKED, "a")}) == "a is blocked in a circle"
+
+
+def _blocked(owner: str, defect: str) -> Cell:
+    return Cell("blocked", reason=f"blocked by {owner}: {defect}; see {owner}; case: x: tensor(5, 1)", owner=owner,
+                rerun="python -m pytest ...")
+
+
+def test_the_first_test_blocked_by_a_passing_owner_fails_and_the_others_are_blocked_by_it() -> None:
+    matrix = OutcomeMatrix()
+    defect = "FusedRMSNorm is wrong without autocast too: not autocast's defect"
+    matrix.record("rms", "cpu", "reference", Cell("passed"))
+    matrix.record("rms", "cpu", "autocast", _blocked("reference", defect))
+    matrix.record("rms", "cpu", "compile", _blocked("reference", "compiled output differs"))
+    # Another row, whose owner did fail: its blocked cell stays blocked.
+    matrix.record("tanh", "cpu", "return_count", Cell("failed", reason="2 gradients, but should be 1"))
+    matrix.record("tanh", "cpu", "grad_meta", _blocked("return_count", "2 gradients"))
+
+    assert matrix.report_unowned_defects() == [("rms", "cpu", "autocast")]
+
+    failed = matrix.cell("rms", "cpu", "autocast")
+    assert failed is not None and failed.outcome == "failed" and failed.tier == "defect" and not failed.owner
+    assert failed.reason.startswith(defect) and "reference passed on its own examples" in failed.reason, failed.reason
+    assert "case: x: tensor(5, 1)" in failed.message and failed.rerun
+    compile_cell = matrix.cell("rms", "cpu", "compile")
+    assert compile_cell is not None and compile_cell.outcome == "blocked" and compile_cell.owner == "autocast"
+    assert compile_cell.reason.startswith("blocked by autocast: compiled output differs"), compile_cell.reason
+    still = matrix.cell("tanh", "cpu", "grad_meta")
+    assert still is not None and still.outcome == "blocked" and still.owner == "return_count"
+    assert matrix.totals()["failed"] == 2 and "FAILED" in matrix.totals_line()
+
+
+def test_a_run_whose_only_report_of_a_defect_is_a_block_fails(pytester: pytest.Pytester) -> None:
+    """grad_meta alone on a Function whose backward returns one gradient too many: return_count owns
+    that defect and is not selected, so grad_meta's block is the defect's only report."""
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--impl={ZOO / 'core_bugs.py'}", "--device=cpu", "--max-examples=2",
+        "--contracts=grad_meta", "-k", "extra_grad", "-p", "no:cacheprovider",
+    )
+    text = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
+    assert result.parseoutcomes().get("skipped") == 1, text[-3000:]  # pytest saw a skip; the suite makes it a failure
+    assert "[found by grad_meta, blocked by return_count, but return_count did not run" in text, text[-3000:]

@@ -48,7 +48,7 @@ INTENDED = {
     "none_unaware_two_outputs": "undefined_grads",
 }
 
-MULTI_OUTPUT_CORRECT = {"none_aware_two_outputs", "max_with_index"}
+MULTI_OUTPUT_CORRECT = {"none_aware_two_outputs", "max_with_index", "keep_positive_with_mask"}
 
 
 @pytest.fixture
@@ -335,6 +335,7 @@ def test_unusual_but_correct_functions_pass(unusual) -> None:  # type: ignore[no
     assert {
         "scale_trailing_nones", "none_aware_two_outputs", "max_with_index", "double_in_place",
         "exp_saves_output", "copy_returns_grad_output", "sum_expands_grad_output", "mul_setup_context",
+        "keep_positive_with_mask",
     } <= names
     for (contract, name, device), verdict in unusual.verdicts.items():
         if contract == "undefined_grads" and name not in MULTI_OUTPUT_CORRECT:

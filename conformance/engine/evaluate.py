@@ -331,7 +331,10 @@ def recorded_function_of_tensors(
             full[position] = tensor.clone()
         with random_state(case.spec, case), kept_flags():
             outputs = _apply(function, forward_args(case, full))
-        return tuple(o for o in outputs if isinstance(o, torch.Tensor))
+        # Only outputs that can carry a gradient: torch's gradcheck takes finite differences of
+        # every output it is given before it drops the non-differentiable ones, and two bool masks
+        # cannot be subtracted.
+        return tuple(o for o in outputs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
 
     return call, recorder
 
@@ -342,7 +345,8 @@ def function_of_tensors(
     """``fn`` as a function of the tensors at ``wrt_positions`` (the others fixed), for gradcheck
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
-    values among the outputs are dropped (gradcheck reads ``.requires_grad`` on every output)."""
+    values and integer or bool tensors among the outputs are dropped (gradcheck reads
+    ``.requires_grad`` on every output, and differences every one)."""
     return recorded_function_of_tensors(case, args, wrt_positions, fn)[0]
 
 

@@ -234,7 +234,10 @@ def _halved(bound: DimBounds, sizes: dict[str, int], name: str, rules: dict[str,
 
 
 def _batch_shape(draw: st.DrawFn, name: str, options: CaseOptions) -> tuple[int, ...]:
-    """A ``*batch`` group's shape: a corner's rank (sides of 2), else drawn."""
+    """A ``*batch`` group's shape: a corner's (its whole shape, or its rank with sides of 2), else drawn."""
+    shape = options.corner.batch_shape(name) if options.corner is not None else None
+    if shape is not None:
+        return shape[: options.max_batch_dims]
     rank = options.corner.batch_rank(name) if options.corner is not None else None
     if rank is not None:
         return (2,) * min(rank, options.max_batch_dims)

@@ -11,7 +11,8 @@ What the corners cover (:func:`coverage_corners`):
 * sizes, one dim at a time: its smallest legal size, 0 where the spec allows it, ``block - 1``,
   ``block``, ``block + 1`` and ``2 * block + 1`` for each block the dim declares, and the largest of
   129, 65, 33, 17 (past a tail of every common kernel block 16, 32, 64, 128, and past two full blocks
-  of 64) that fits the element budget with the other dims at their smallest;
+  of 64) that fits the element budget with the other dims at their smallest; likewise each
+  ``*batch`` group as one dim of that many rows (kernels flatten the batch into rows and tile them);
 * pairwise, as covering arrays do: every value of each Scalar whose strategy is finite (booleans,
   ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
   ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
@@ -27,6 +28,7 @@ What the corners cover (:func:`coverage_corners`):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -40,7 +42,7 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "scale_label", "smaller_sizes"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "scale_label", "smaller_corners", "smaller_sizes"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
@@ -77,6 +79,7 @@ class Corner:
     batch_ranks: tuple[tuple[str, int], ...] = ()
     dtype_index: int = 0
     choices: tuple[tuple[str, int], ...] = ()
+    batch_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a *batch group's whole shape, forced
 
     def size(self, name: str) -> int | None:
         return dict(self.sizes).get(name)
@@ -84,11 +87,15 @@ class Corner:
     def batch_rank(self, name: str) -> int | None:
         return dict(self.batch_ranks).get(name)
 
+    def batch_shape(self, name: str) -> tuple[int, ...] | None:
+        return dict(self.batch_shapes).get(name)
+
     def choice(self, label: str) -> int | None:
         return dict(self.choices).get(label)
 
     def describe(self) -> str:
         parts = [f"{n}={s}" for n, s in self.sizes] + [f"*{n}: rank {r}" for n, r in self.batch_ranks]
+        parts += [f"*{n}: {shape}" for n, shape in self.batch_shapes]
         parts += [f"{label}: value {i + 1}" for label, i in self.choices]
         return ", ".join(parts) or "smallest case"
 
@@ -216,6 +223,10 @@ def coverage_corners(
         batches = {b: () for b in spec.batch_names}
         return all(math.prod(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
 
+    def batch_fits(name: str, rows: int) -> bool:
+        batches = {b: (rows,) if b == name else () for b in spec.batch_names}
+        return all(math.prod(i.parsed.concrete(smallest, batches)) <= max_elements for i in shaped)
+
     size_rows: list[dict[str, int]] = []
     small_items: list[tuple[str, int]] = []
     for name in names:
@@ -229,6 +240,15 @@ def coverage_corners(
                 row[item[0]] = item[1]
                 small_items.remove(item)
         size_rows.insert(0, row)
+    # One corner per *batch group with many rows (rank 1, the largest of BIG_SIZES in the budget):
+    # kernels flatten the batch into rows and tile those (a Python loop over blocks of rows), and
+    # rank corners alone (sides of 2) never pass a block of 4 rows.
+    big_batches: dict[int, tuple[str, tuple[int, ...]]] = {}
+    for name in spec.batch_names if max_batch_dims > 0 else ():
+        many = next((s for s in BIG_SIZES if batch_fits(name, s)), 0)
+        if many:
+            big_batches[len(size_rows)] = (name, (many,))
+            size_rows.append({})
     factors = _factors(spec, max_batch_dims)
     if pairwise_kinds:
         factors += [_Factor("dtype", None, max(len(dtypes), 1))] + [_Factor("kind", label, count) for label, count in kinds]
@@ -254,9 +274,13 @@ def coverage_corners(
             tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "kind") if pairwise_kinds
             else tuple((label, index % count) for label, count in kinds)
         )
+        big_batch = big_batches.get(index)
         corners.append(Corner(
             sizes=tuple(sizes.items()),
-            batch_ranks=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "batch"),
+            batch_ranks=tuple(
+                (f.key, level) for f, level in zip(factors, levels) if f.kind == "batch" and (big_batch is None or f.key != big_batch[0])
+            ),
+            batch_shapes=(big_batch,) if big_batch is not None else (),
             dtype_index=dtype_index,
             choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice") + kind_levels,
         ))
@@ -285,6 +309,21 @@ def smaller_sizes(spec: Spec, sizes: Sequence[tuple[str, int]]) -> list[tuple[tu
     return sorted(found, key=lambda candidate: (sum(s for _, s in candidate), candidate))
 
 
+def smaller_corners(spec: Spec, corner: Corner) -> list[Corner]:
+    """What the runner tries after a failure at ``corner``: its sizes one dim smaller at a time
+    (:func:`smaller_sizes`), then each forced ``*batch`` shape at fewer rows (2, 17, 33, 65 below
+    its count), smallest first."""
+    found = [dataclasses.replace(corner, sizes=sizes) for sizes in smaller_sizes(spec, corner.sizes)]
+    for name, shape in corner.batch_shapes:
+        rows = math.prod(shape)
+        others = tuple(entry for entry in corner.batch_shapes if entry[0] != name)
+        found += [
+            dataclasses.replace(corner, batch_shapes=(*others, (name, (fewer,))))
+            for fewer in sorted({2, *BIG_SIZES}) if fewer < rows
+        ]
+    return found
+
+
 def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[torch.dtype]) -> str:
     """One line on what ``corners`` cover: "5 corners: sizes up to 129 (n, d); causal: 2/2 values;
     m vs n: <, =, >; dtypes 3/3"."""
@@ -300,7 +339,8 @@ def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[to
             parts.append(f"{factor.key}: {len(seen)}/{factor.levels} values")
         elif factor.kind == "batch":
             ranks = sorted({r for c in corners if (r := c.batch_rank(factor.key)) is not None})
-            parts.append(f"*{factor.key} ranks {', '.join(map(str, ranks))}")
+            many = max((math.prod(shape) for c in corners if (shape := c.batch_shape(factor.key)) is not None), default=0)
+            parts.append(f"*{factor.key} ranks {', '.join(map(str, ranks))}" + (f", {many} rows" if many else ""))
         elif factor.kind == "relation":
             a, b = factor.key
             orders = [r for r in RELATIONS if any(_relation(dict(c.sizes), (a, b)) == RELATIONS.index(r) for c in corners)]

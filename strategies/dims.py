@@ -41,6 +41,7 @@ def sizes_near_blocks(*, block_sizes: Sequence[int] = (16, 32)) -> st.SearchStra
 
 @st.composite
 def _sizes(draw: st.DrawFn, min_size: int, max_size: int, blocks: tuple[int, ...]) -> int:
+    blocks = tuple(b for b in blocks if b + 1 >= min_size)  # a block below the smallest size has no sizes near it
     if not blocks:
         return draw(st.integers(min_value=min_size, max_value=max_size), label="size")
     top = max(max_size, max(blocks) + 1)

@@ -63,7 +63,7 @@ from conformance.engine.watchdog import (
 )
 from conformance.spec import Spec
 from strategies.cases import LAYOUTS, Case, CaseOptions, case_kinds, cases
-from strategies.coverage import Corner, coverage_corners, smaller_sizes
+from strategies.coverage import Corner, coverage_corners, smaller_corners
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
@@ -423,13 +423,13 @@ class Target:
         self, run_phase: Callable[[Corner | None, int], None], corner: Corner, failure: ContractFailure
     ) -> ContractFailure:
         """A corner's sizes are forced, so Hypothesis cannot shrink them: after a failure at one,
-        its other values are tried at smaller legal sizes (:func:`strategies.coverage.smaller_sizes`),
+        its other values are tried at smaller legal sizes and fewer rows (:func:`strategies.coverage.smaller_corners`),
         smallest first. The first that fails is reported instead (a tail dropped above 64 at 65,
         not at 129); else ``failure`` is, with its own case and draws."""
         found = (self.context.case if self.context is not None else None, self.last_draws)
-        for candidate in smaller_sizes(self.spec, corner.sizes):
+        for candidate in smaller_corners(self.spec, corner):
             try:
-                run_phase(replace(corner, sizes=candidate), 1)
+                run_phase(candidate, 1)
             except UpstreamFailure:
                 continue
             except ContractFailure as smaller_failure:

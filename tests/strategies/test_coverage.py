@@ -21,6 +21,7 @@ from strategies.coverage import (
     describe_coverage,
     finite_values,
     pairwise_rows,
+    smaller_corners,
     smaller_sizes,
 )
 from strategies.draw import most_broadcast
@@ -227,3 +228,28 @@ def test_smaller_sizes_step_one_dim_down_the_block_ladder_smallest_first() -> No
     assert n_steps == [1, 17, 33, 63, 64, 65], n_steps  # n's smallest, the common tails, its block 64's b-1, b, b+1
     assert [dict(step)["m"] for step in steps if dict(step)["n"] == 129] == [1]  # m steps down to its smallest
     assert smaller_sizes(ATTENTION, (("b", 1), ("m", 1), ("n", 1), ("d", 1))) == []  # nothing below the smallest
+
+
+ROWS = checked_spec([Tensor("x", "*batch d"), Tensor("w", "d")], dtypes=(torch.float64,))
+
+
+def test_a_batch_group_gets_a_corner_with_many_rows_and_a_case_drawn_there_has_them() -> None:
+    """Kernels flatten ``*batch`` into rows and tile them: rank corners (sides of 2) never pass 4 rows."""
+    corners = coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=512, max_batch_dims=2)
+    many = [c for c in corners if c.batch_shape("batch") is not None]
+    assert len(many) == 1 and many[0].batch_shape("batch") == (129,), corners  # d=1 at its smallest: 129 rows fit
+    assert many[0].batch_rank("batch") is None  # the whole shape is forced, not a rank
+    tight = coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=40, max_batch_dims=2)
+    assert [c.batch_shape("batch") for c in tight if c.batch_shape("batch")] == [(33,)]  # the largest of BIG_SIZES that fits
+    assert not [c for c in coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=512, max_batch_dims=0) if c.batch_shapes]
+    for case in collect_examples(cases(ROWS, CaseOptions(dtypes=ROWS.dtypes, corner=many[0])), 2):
+        x = next(r for r in case.recipes if r.name == "x")
+        assert isinstance(x, TensorRecipe) and tuple(x.shape)[:-1] == (129,), x.shape
+    assert "*batch ranks 0, 1, 2, 129 rows" in describe_coverage(ROWS, corners, ROWS.dtypes)
+
+
+def test_after_a_failure_a_many_rows_corner_is_tried_at_fewer_rows_smallest_first() -> None:
+    corner = next(c for c in coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=512, max_batch_dims=2) if c.batch_shapes)
+    fewer = [c.batch_shape("batch") for c in smaller_corners(ROWS, corner)]
+    assert fewer == [(2,), (17,), (33,), (65,)], fewer
+    assert all(c.sizes == corner.sizes for c in smaller_corners(ROWS, corner))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from strategies import BLOCK_SIZES, batch_shapes, broadcast_forms, dim_sizes, sizes, sizes_near_blocks
+from tests.strategies.helpers import collect_examples
 
 FAST = settings(max_examples=40, database=None, deadline=None)
 FIND = settings(max_examples=300, database=None, deadline=None, derandomize=True)
@@ -100,3 +101,11 @@ def test_broadcast_forms_drop_dims_and_use_size_one() -> None:
 def test_bad_arguments_raise_invalid_argument(factory, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         find(factory(), lambda v: True)
+
+
+def test_a_smallest_size_above_every_block_draws_without_error() -> None:
+    """min_size 18 is past 16 + 1: the block at 16 has no sizes near it and must not be drawn."""
+    for n in collect_examples(sizes(min_size=18, max_size=18, block_sizes=(16,)), 5):
+        assert n == 18
+    for n in collect_examples(sizes(min_size=20, max_size=24, block_sizes=(16, 32)), 10):
+        assert 20 <= n <= 33

@@ -1,6 +1,7 @@
 """Contract compile: under ``torch.compile`` outputs and gradients equal eager's.
 
-Each example draws several cases of one dtype with different sizes (dynamic shapes) and runs them
+Each example draws several cases of one dtype with different sizes (dynamic shapes; after the
+first, different dims get different sizes, so a fake kernel or gradient that swaps two shows) and runs them
 through one compiled callable per backend of ``--compile-backends`` (``aot_eager`` by default;
 ``inductor`` opt-in), forward and backward, each against eager on the same inputs and
 grad_outputs. Results bitwise equal to eager's pass at once; otherwise the compiled result must
@@ -16,7 +17,7 @@ raises, is a defect -- or upstream (torch's bug) when Dynamo's trace alone (``ba
 agrees with eager and only AOTAutograd or Inductor differs, or when this torch's Dynamo is wrong on a
 correct canary Function (torch 2.11 is) and the Function's compile-only branch, run eagerly with
 ``is_compiling()`` True, shows no difference of its own. A custom op whose fake kernel is
-wrong is opcheck's finding (blocked by opcheck here). Costly: one example per test unless
+wrong on any of the example's cases is opcheck's finding (blocked by opcheck here). Costly: one example per test unless
 ``--max-examples`` is given.
 """
 
@@ -357,11 +358,15 @@ def check_compile(target: Target, data: st.DataObject) -> None:
         # Later calls draw every dim at least index + 1 long where its dim rules allow (min_size
         # is the run's preference: a dim's max_size and its relations win, strategies.dims): even
         # the simplest example (all dims at their minimum) then sees new sizes, which dynamic
-        # shapes must absorb.
-        larger = target.case_options.replace(min_size=index + 1, max_size=max(target.case_options.max_size, index + 1))
+        # shapes must absorb. Different dims get different sizes: with all of them equal, a
+        # fake kernel or a gradient that swaps two dims traces and runs as if it were right.
+        larger = target.case_options.replace(
+            min_size=index + 1, max_size=max(target.case_options.max_size, index + 1), unique_dims=True
+        )
         drawn.append(target.draw_case(data, larger, dtypes=(first.dtype,)))
     preflight(target.contract, first)  # a defect eager already shows is its owner's (blocked by it)
-    _blocked_by_opcheck(target, first)
+    for case in drawn:  # a fake kernel right only where dims are equal is wrong at the later sizes
+        _blocked_by_opcheck(target, case)
     try:
         for backend_name in target.options.compile_backends:
             _check_backend(target, drawn, backend_name)

@@ -15,6 +15,7 @@ from tests.conftest import ZOO
 # on it because it cannot see the defect.
 BUGS = {
     "custom_op_fake_wrong_shape": ({"opcheck"}, "reference"),
+    "custom_op_fake_swapped_dims": ({"opcheck"}, "reference"),
     "custom_op_backward_wrong": ({"reference", "gradcheck", "gradgradcheck"}, "opcheck"),
     "compile_only_bug": ({"compile"}, "gradcheck"),
     "compile_graph_break": ({"compile"}, "reference"),
@@ -25,6 +26,7 @@ BUGS = {
 }
 OWNERS = {
     "custom_op_fake_wrong_shape": "opcheck",
+    "custom_op_fake_swapped_dims": "opcheck",
     "custom_op_backward_wrong": "reference",
     "compile_only_bug": "compile",
     "compile_graph_break": "compile",
@@ -75,6 +77,10 @@ def test_opcheck_names_the_failing_sub_check(bugs) -> None:  # type: ignore[no-u
     assert "test_schema: passed" in text and "test_faketensor: FAILED" in text
     blocked = bugs.verdict("compile", "custom_op_fake_wrong_shape")
     assert blocked.outcome == "skipped" and "blocked by opcheck" in blocked.text
+    # A fake kernel right only where two dims are equal: compile's later calls give them different
+    # sizes, so compile meets it (blocked by opcheck) instead of passing it.
+    swapped = bugs.verdict("compile", "custom_op_fake_swapped_dims")
+    assert swapped.outcome == "skipped" and "blocked by opcheck" in swapped.text, swapped.text
 
 
 def test_compile_reports_wrong_values_graph_breaks_and_recompile_storms(bugs) -> None:  # type: ignore[no-untyped-def]

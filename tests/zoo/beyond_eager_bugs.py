@@ -12,6 +12,9 @@ tensors, torch.compile, forward-mode AD, torch.func transforms, autocast).
   Eager never runs the fake kernel, so reference and gradcheck pass; ``opcheck``'s
   test_faketensor fails (shape mismatch), and so does anything that traces the op
   (torch.compile sees a wrong output shape).
+* ``custom_op_fake_swapped_dims`` (``conformance_zoo::outer_fake_bug``): y = outer(x, w); the fake
+  kernel returns ``(n, m)``, right only where the two sizes are equal (compile's later calls give
+  different dims different sizes, so it is blocked by opcheck, not passed).
 * ``custom_op_backward_wrong`` (``conformance_zoo::scaled_tanh_bug``): y = tanh(scale * x); the
   registered backward returns grad * (1 - y**2) and forgets the chain-rule factor ``scale``. The
   fake kernel and the schema are right, and ``opcheck`` passes every sub-check (it checks that an
@@ -339,4 +342,38 @@ register(
     reference=_padded_block_reference,
     dtypes=(torch.float64, torch.float32),
     compile="dynamic",  # the promise it breaks: without it, a recompile is advice
+)
+
+
+# --------------------------------------------------------------------------- custom op: fake kernel, two dims
+
+
+@torch.library.custom_op("conformance_zoo::outer_fake_bug", mutates_args=())
+def outer_fake_bug(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y[i, j] = x[i] * w[j]."""
+    return x[:, None] * w[None, :]
+
+
+@outer_fake_bug.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((w.shape[0], x.shape[0]))  # BUG: (n, m), right only where m == n
+
+
+def _outer_fake_bug_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _outer_fake_bug_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = ctx.saved_tensors
+    return grad @ w, x @ grad
+
+
+outer_fake_bug.register_autograd(_outer_fake_bug_backward, setup_context=_outer_fake_bug_setup_context)
+
+register(
+    outer_fake_bug,
+    name="custom_op_fake_swapped_dims",
+    inputs=[Tensor("x", "m"), Tensor("w", "n")],
+    reference=lambda x, w: torch.outer(x, w),
+    dtypes=(torch.float64, torch.float32),
 )

@@ -4,6 +4,8 @@ Each differs from its buggy twin only by the fix; registered names carry the suf
 
 * ``custom_op_fake_wrong_shape_ok`` (``conformance_zoo::sq_norm_fake_ok``): y = sum(x**2, -1) as a
   ``torch.library.custom_op`` whose ``register_fake`` returns ``x.shape[:-1]``.
+* ``custom_op_fake_swapped_dims_ok`` (``conformance_zoo::outer_fake_ok``): y = outer(x, w) whose
+  fake kernel returns ``(m, n)``.
 * ``custom_op_backward_wrong_ok`` (``conformance_zoo::scaled_tanh_ok``): y = tanh(scale * x) whose
   registered backward is grad * (1 - y**2) * scale.
 * ``compile_only_bug_ok`` (SiLUCompileFallback): y = x * sigmoid(x) with an eager "fused kernel"
@@ -305,4 +307,38 @@ register(
     reference=_padded_block_reference,
     dtypes=(torch.float64, torch.float32),
     compile="dynamic",
+)
+
+
+# --------------------------------------------------------------------------- custom op: fake kernel, two dims
+
+
+@torch.library.custom_op("conformance_zoo::outer_fake_ok", mutates_args=())
+def outer_fake_ok(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y[i, j] = x[i] * w[j]."""
+    return x[:, None] * w[None, :]
+
+
+@outer_fake_ok.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+def _outer_fake_ok_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _outer_fake_ok_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = ctx.saved_tensors
+    return grad @ w, x @ grad
+
+
+outer_fake_ok.register_autograd(_outer_fake_ok_backward, setup_context=_outer_fake_ok_setup_context)
+
+register(
+    outer_fake_ok,
+    name="custom_op_fake_swapped_dims_ok",
+    inputs=[Tensor("x", "m"), Tensor("w", "n")],
+    reference=lambda x, w: torch.outer(x, w),
+    dtypes=(torch.float64, torch.float32),
 )

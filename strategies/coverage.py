@@ -218,14 +218,16 @@ def coverage_corners(
     shaped = [i for i in spec.inputs if isinstance(i, Shaped)]
     smallest = {n: max(b.fit(b.low), b.fit(1)) for n, b in bounds.items()}  # a 0 would make any size fit
 
-    def fits(name: str, size: int) -> bool:
-        sizes = {**smallest, name: size}
-        batches = {b: () for b in spec.batch_names}
+    no_batch: dict[str, tuple[int, ...]] = {b: () for b in spec.batch_names}
+
+    def within_budget(sizes: Mapping[str, int], batches: Mapping[str, tuple[int, ...]]) -> bool:
         return all(math.prod(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
 
+    def fits(name: str, size: int) -> bool:
+        return within_budget({**smallest, name: size}, no_batch)
+
     def batch_fits(name: str, rows: int) -> bool:
-        batches = {b: (rows,) if b == name else () for b in spec.batch_names}
-        return all(math.prod(i.parsed.concrete(smallest, batches)) <= max_elements for i in shaped)
+        return within_budget(smallest, {**no_batch, name: (rows,)})
 
     size_rows: list[dict[str, int]] = []
     small_items: list[tuple[str, int]] = []

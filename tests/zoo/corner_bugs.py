@@ -450,6 +450,16 @@ for _function, _name in ((CrossEntropyIgnore, "ignore_index_present"), (CrossEnt
 ROW_BLOCK = 4
 
 
+def _row_block_dweight(x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    """dweight = sum over rows of g * x, in float32 (float64 kept), blocks of ROW_BLOCK rows."""
+    rows, gs = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    dw = torch.zeros_like(w, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype)
+    for start in range(0, rows.shape[0], ROW_BLOCK):
+        block = (gs[start:start + ROW_BLOCK] * rows[start:start + ROW_BLOCK]).sum(0).to(dw.dtype)
+        dw = dw + block if accumulate else block  # the bug (accumulate=False): = where += was meant
+    return dw.to(w.dtype)
+
+
 class RowBlockScale(torch.autograd.Function):
     """y = x * w over the last dim, rows (the flattened ``*batch``) processed in blocks of 4."""
 
@@ -461,23 +471,14 @@ class RowBlockScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, w = ctx.saved_tensors
-        rows, gs = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-        dw = torch.zeros_like(w, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype)
-        for start in range(0, rows.shape[0], ROW_BLOCK):
-            block = (gs[start:start + ROW_BLOCK] * rows[start:start + ROW_BLOCK]).sum(0)
-            dw = block.to(dw.dtype)  # the bug: = where += was meant
-        return g * w, dw.to(w.dtype)
+        return g * w, _row_block_dweight(x, g, w, accumulate=False)
 
 
 class RowBlockScaleOk(RowBlockScale):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, w = ctx.saved_tensors
-        rows, gs = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-        dw = torch.zeros_like(w, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype)
-        for start in range(0, rows.shape[0], ROW_BLOCK):
-            dw += (gs[start:start + ROW_BLOCK] * rows[start:start + ROW_BLOCK]).sum(0).to(dw.dtype)
-        return g * w, dw.to(w.dtype)
+        return g * w, _row_block_dweight(x, g, w, accumulate=True)
 
 
 ROWS = [Tensor("x", "*batch d"), Tensor("w", "d")]

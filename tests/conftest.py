@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import os
 import pickle
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,5 +244,10 @@ def clean_registry():  # type: ignore[no-untyped-def]
     from conformance import spec as spec_module
 
     saved = list(spec_module._REGISTRY)
+    modules = set(sys.modules)
     yield
     spec_module._REGISTRY[:] = saved
+    # A module imported here and cached would register nothing when a later test imports it again.
+    for name in set(sys.modules) - modules:
+        if name.startswith("_conformance_impl_"):
+            del sys.modules[name]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 
 import pytest
 
+from conformance.engine.loader import load_impls
+from conformance.spec import registered
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
 
 CORE = "--contracts=return_count,grad_meta,gradcheck"
@@ -127,6 +130,19 @@ def test_same_file_as_path_and_module_is_one_set_of_specs(pytester: pytest.Pytes
     collected = [line for line in result.outlines if "::test_" in line]
     assert len(collected) == len({line.split("::")[0] for line in collected}) == len(list(CONFORMANCE_DIR.glob("test_*.py"))), collected
     assert all(line.endswith("[twice-cpu]") for line in collected), collected
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_a_file_imported_by_path_then_by_name_still_has_its_specs(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry keeps the latest import's module name for a call site; the path's cached module
+    then registers nothing new, and its specs are found by their file."""
+    pytester.makepyfile(twice_ops_by_name=TINY_SPEC)
+    monkeypatch.syspath_prepend(str(pytester.path))
+    by_path = load_impls(str(pytester.path / "twice_ops_by_name.py"))
+    importlib.import_module("twice_ops_by_name")
+    assert [s.origin for s in registered() if s.name == "twice"] == ["twice_ops_by_name"]
+    again = load_impls(str(pytester.path / "twice_ops_by_name.py"))
+    assert [s.name for s in by_path] == [s.name for s in again] == ["twice"]
 
 
 @pytest.mark.parametrize("cacheprovider", [True, False])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,8 +47,8 @@ def import_path(path: str | Path) -> ModuleType:
     return module
 
 
-def _import_target(target: str, search_paths: Sequence[Path]) -> str:
-    """Import one target; return the module name its registrations are attributed to."""
+def _import_target(target: str, search_paths: Sequence[Path]) -> ModuleType:
+    """Import one target; return its module."""
     if target.endswith(".py") or "/" in target or "\\" in target:
         path = Path(target).expanduser()
         for base in (Path.cwd(), *search_paths):
@@ -57,7 +58,7 @@ def _import_target(target: str, search_paths: Sequence[Path]) -> str:
         path = path.resolve()
         if not path.is_file():
             raise ImplError(f"--impl={target}: no such file {str(path)!r}")
-        return import_path(path).__name__
+        return import_path(path)
     top = target.split(".")[0]
     if importlib.util.find_spec(top) is None:
         # Not installed: look where the run is, as pytest's `pythonpath` would (appended, so an
@@ -67,8 +68,25 @@ def _import_target(target: str, search_paths: Sequence[Path]) -> str:
                 if str(base) not in sys.path:
                     sys.path.append(str(base))
                 break
-    importlib.import_module(target)
-    return target
+    return importlib.import_module(target)
+
+
+def _source_prefix(module: ModuleType) -> str | None:
+    """What the ``registered_at`` of a spec registered from ``module``'s own source starts with: its
+    file (``path:``), or its folder for a package; None for a module without a file."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    real = Path(file).resolve()
+    return f"{real.parent}{os.sep}" if hasattr(module, "__path__") else f"{real}:"
+
+
+def _belongs(spec: Spec, module_name: str, source: str | None) -> bool:
+    """Registered from the target module or a submodule, by name or by file: one file imported by
+    path and by name registers from one call site, and the registry keeps the latest import's name."""
+    if spec.origin == module_name or spec.origin.startswith(module_name + "."):
+        return True
+    return source is not None and spec.registered_at.startswith(source)
 
 
 def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
@@ -79,7 +97,7 @@ def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
     directory first, then ``search_paths``.
 
     A spec belongs to a target when it was registered from the target module or one of its
-    submodules, or during the target's import. Raises :class:`SpecError` for a bad spec and
+    submodules (by name, or from their files), or during the target's import. Raises :class:`SpecError` for a bad spec and
     :class:`ImplError` for a target that cannot be imported or registers nothing.
     """
     targets = [t.strip() for t in impl.split(",") if t.strip()]
@@ -89,7 +107,7 @@ def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
     for target in targets:
         before = {id(s) for s in registered()}
         try:
-            module_name = _import_target(target, search_paths)
+            module = _import_target(target, search_paths)
         except (SpecError, ImplError):
             raise
         except ImportError as error:
@@ -104,11 +122,8 @@ def load_impls(impl: str, *, search_paths: Sequence[Path] = ()) -> list[Spec]:
                 f"--impl={target}: importing it called sys.exit({exiting.code!r}); a module that registers "
                 "Functions must not exit at import (guard scripts with `if __name__ == \"__main__\":`)"
             ) from None
-        found = [
-            s
-            for s in registered()
-            if id(s) not in before or s.origin == module_name or s.origin.startswith(module_name + ".")
-        ]
+        source = _source_prefix(module)
+        found = [s for s in registered() if id(s) not in before or _belongs(s, module.__name__, source)]
         if not found:
             raise ImplError(
                 f"--impl={target}: importing it registered no Functions; call "

@@ -364,9 +364,11 @@ def check_compile(target: Target, data: st.DataObject) -> None:
             min_size=index + 1, max_size=max(target.case_options.max_size, index + 1), unique_dims=True
         )
         drawn.append(target.draw_case(data, larger, dtypes=(first.dtype,)))
-    preflight(target.contract, first)  # a defect eager already shows is its owner's (blocked by it)
-    for case in drawn:  # a fake kernel right only where dims are equal is wrong at the later sizes
-        _blocked_by_opcheck(target, case)
+    for case in drawn:
+        # A defect eager already shows is its owner's (blocked by it), at every call's sizes: a
+        # gradient summed over the wrong dim has the right shape only where the dims are equal.
+        preflight(target.contract, case)
+        _blocked_by_opcheck(target, case)  # a fake kernel right only where dims are equal
     try:
         for backend_name in target.options.compile_backends:
             _check_backend(target, drawn, backend_name)

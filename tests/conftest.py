@@ -85,6 +85,7 @@ class Verdict:
     outcome: str  # "passed" | "failed" | "skipped"
     text: str  # the failure (or skip) report, "" when passed
     properties: dict[str, object] = field(default_factory=dict)  # the report's user_properties
+    log: str = ""  # what pytest's log capture kept ("Captured log call")
 
     @property
     def recorded(self) -> RecordedVerdict:
@@ -212,7 +213,7 @@ def _run(pytester: pytest.Pytester, args: list[str]) -> ConformanceRun:
             continue
         contract, name, device = test
         text = str(report.longrepr) if report.longrepr else ""
-        verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties))
+        verdicts[(contract, name, device)] = Verdict(report.outcome, text, dict(report.user_properties), report.caplog)
     return ConformanceRun(result, verdicts, pytester.path)
 
 

@@ -17,6 +17,7 @@ BUGS = {
     "custom_op_fake_wrong_shape": ({"opcheck"}, "reference"),
     "custom_op_fake_swapped_dims": ({"opcheck"}, "reference"),
     "custom_op_backward_wrong": ({"reference", "gradcheck", "gradgradcheck"}, "opcheck"),
+    "custom_op_bias_grad_wrong_dim": ({"grad_meta"}, "return_count"),
     "compile_only_bug": ({"compile"}, "gradcheck"),
     "compile_graph_break": ({"compile"}, "reference"),
     "compile_recompile_storm": ({"compile"}, "reference"),
@@ -28,6 +29,7 @@ OWNERS = {
     "custom_op_fake_wrong_shape": "opcheck",
     "custom_op_fake_swapped_dims": "opcheck",
     "custom_op_backward_wrong": "reference",
+    "custom_op_bias_grad_wrong_dim": "grad_meta",
     "compile_only_bug": "compile",
     "compile_graph_break": "compile",
     "compile_recompile_storm": "compile",
@@ -81,10 +83,18 @@ def test_opcheck_names_the_failing_sub_check(bugs) -> None:  # type: ignore[no-u
     # sizes, so compile meets it (blocked by opcheck) instead of passing it.
     swapped = bugs.verdict("compile", "custom_op_fake_swapped_dims")
     assert swapped.outcome == "skipped" and "blocked by opcheck" in swapped.text, swapped.text
+    # A gradient of the wrong shape is grad_meta's: opcheck's test_aot_dispatch_dynamic and compile
+    # meet it too, at every call's sizes, and are blocked by it.
+    for contract in ("opcheck", "compile"):
+        wrong_dim = bugs.verdict(contract, "custom_op_bias_grad_wrong_dim")
+        assert wrong_dim.outcome == "skipped" and "blocked by grad_meta" in wrong_dim.text, (contract, wrong_dim.text)
 
 
 def test_compile_reports_wrong_values_graph_breaks_and_recompile_storms(bugs) -> None:  # type: ignore[no-untyped-def]
     wrong = bugs.failed("compile", "compile_only_bug")
+    # torch keeps its structured-trace logger at DEBUG for TORCH_TRACE files; pytest captures
+    # non-propagating loggers too, and every compile filled the report with empty DEBUG lines.
+    assert "torch.__trace" not in bugs.verdict("compile", "compile_only_bug").log
     assert "(eager is within it)" in wrong and "backend='aot_eager'" in wrong and "grad['x']" in wrong
     # Both break a promise their specs make (compile="fullgraph", compile="dynamic"): defects.
     graph_break = bugs.failed("compile", "compile_graph_break")

@@ -11,13 +11,15 @@ Options are typed in :mod:`~conformance.plugin.options`, devices set up in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import logging
 import os
 import platform
 import shlex
 import shutil
 import tempfile
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +227,13 @@ class ConformanceSession:
             keep_shard(config, items, self.options.shard)
         function_by_function(items)
 
+    @pytest.hookimpl(wrapper=True, trylast=True)  # trylast: inside pytest's own log capture
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        if contract_test_key not in item.stash:
+            return (yield)  # a test of the user's own, in the same run: pytest's capture as usual
+        with torch_trace_uncaptured():
+            return (yield)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
@@ -420,6 +429,22 @@ def _move_hypothesis_home(config: pytest.Config) -> None:
     previous = vars(configuration).get("__hypothesis_home_directory")  # restored for in-process runs
     configuration.set_hypothesis_home_dir(home)
     config.add_cleanup(lambda: configuration.set_hypothesis_home_dir(previous))
+
+
+@contextlib.contextmanager
+def torch_trace_uncaptured() -> Iterator[None]:
+    """Without pytest's log capture on torch's structured-trace logger (``torch.__trace``): torch
+    keeps it at DEBUG for its own trace files (TORCH_TRACE), and pytest also captures loggers that
+    do not propagate, so every compile filled a failure's "Captured log call" with empty DEBUG lines."""
+    logger = logging.getLogger("torch.__trace")
+    captured = [handler for handler in logger.handlers if type(handler).__module__ == "_pytest.logging"]
+    for handler in captured:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in captured:
+            logger.addHandler(handler)  # pytest removes its own at the end of the phase
 
 
 def activate(config: pytest.Config, values: Mapping[str, OptionValue]) -> ConformanceSession:

@@ -20,6 +20,11 @@ tensors, torch.compile, forward-mode AD, torch.func transforms, autocast).
   fake kernel and the schema are right, and ``opcheck`` passes every sub-check (it checks that an
   autograd formula is registered and that compiled and eager gradients agree -- both run the same
   wrong formula -- not its numbers); gradcheck and the float64 reference see it.
+* ``custom_op_bias_grad_wrong_dim`` (``conformance_zoo::bias_add_bug``): y = x + b for x
+  ``(rows, d)`` and b ``(d,)``; the registered backward sums the bias gradient over the wrong dim
+  (``grad.sum(-1, keepdim=True)``, copied from a norm's backward), a gradient of the wrong shape
+  wherever ``d > 1`` (the engine raises; at ``d == 1`` it repairs the shape). That is grad_meta's
+  defect; opcheck's test_aot_dispatch_dynamic and compile meet it too, and are blocked by it.
 * ``compile_only_bug`` (SiLUCompileFallbackBug): y = x * sigmoid(x). Eager backward runs the
   "fused kernel" (out= calls into a fresh buffer, standing in for an opaque CUDA/Triton kernel);
   under ``torch.compiler.is_compiling()`` it takes the pure-torch fallback that authors add so
@@ -375,5 +380,38 @@ register(
     name="custom_op_fake_swapped_dims",
     inputs=[Tensor("x", "m"), Tensor("w", "n")],
     reference=lambda x, w: torch.outer(x, w),
+    dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- custom op: backward, gradient shape
+
+
+@torch.library.custom_op("conformance_zoo::bias_add_bug", mutates_args=())
+def bias_add_bug(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y = x + b, b broadcast over the rows."""
+    return x + b
+
+
+@bias_add_bug.register_fake
+def _(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _bias_add_bug_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    pass
+
+
+def _bias_add_bug_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return grad, grad.sum(-1, keepdim=True)  # BUG: summed over the features (should be dim 0)
+
+
+bias_add_bug.register_autograd(_bias_add_bug_backward, setup_context=_bias_add_bug_setup_context)
+
+register(
+    bias_add_bug,
+    name="custom_op_bias_grad_wrong_dim",
+    inputs=[Tensor("x", "rows d"), Tensor("b", "d")],
+    reference=lambda x, b: x + b,
     dtypes=(torch.float64, torch.float32),
 )

@@ -8,6 +8,8 @@ Each differs from its buggy twin only by the fix; registered names carry the suf
   fake kernel returns ``(m, n)``.
 * ``custom_op_backward_wrong_ok`` (``conformance_zoo::scaled_tanh_ok``): y = tanh(scale * x) whose
   registered backward is grad * (1 - y**2) * scale.
+* ``custom_op_bias_grad_wrong_dim_ok`` (``conformance_zoo::bias_add_ok``): y = x + b whose
+  registered backward sums the bias gradient over the rows.
 * ``compile_only_bug_ok`` (SiLUCompileFallback): y = x * sigmoid(x) with an eager "fused kernel"
   backward and a ``torch.compiler.is_compiling()`` fallback computing s + y * (1 - s).
 * ``wrong_jvp_ok`` (SwiGLU): y = silu(gate) * up, setup_context style, whose jvp adds both the
@@ -340,5 +342,38 @@ register(
     name="custom_op_fake_swapped_dims_ok",
     inputs=[Tensor("x", "m"), Tensor("w", "n")],
     reference=lambda x, w: torch.outer(x, w),
+    dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- custom op: backward, gradient shape
+
+
+@torch.library.custom_op("conformance_zoo::bias_add_ok", mutates_args=())
+def bias_add_ok(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y = x + b, b broadcast over the rows."""
+    return x + b
+
+
+@bias_add_ok.register_fake
+def _(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _bias_add_ok_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    pass
+
+
+def _bias_add_ok_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return grad, grad.sum(0)
+
+
+bias_add_ok.register_autograd(_bias_add_ok_backward, setup_context=_bias_add_ok_setup_context)
+
+register(
+    bias_add_ok,
+    name="custom_op_bias_grad_wrong_dim_ok",
+    inputs=[Tensor("x", "rows d"), Tensor("b", "d")],
+    reference=lambda x, b: x + b,
     dtypes=(torch.float64, torch.float32),
 )

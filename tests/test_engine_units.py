@@ -98,6 +98,22 @@ def test_a_gradient_for_a_scalar_input_is_return_counts() -> None:
     assert _blocked("grad_meta", execution).defect.owner == "return_count"
 
 
+def test_a_gradient_reduced_over_some_broadcast_dims_gets_the_reduction_hint() -> None:
+    """x (3,) broadcast to the output (4, 2, 3); backward summed its gradient over dim 1 only: the
+    engine repairs (4, 1, 3), so the hint is to reduce over every broadcast dim, not the gradient order."""
+    _, w, _ = _right_grads()
+    outputs = (torch.zeros(4, 2, 3, dtype=torch.float64),)
+    execution = _execution(torch.ones(4, 1, 3, dtype=torch.float64), w, None, outputs=outputs)
+    (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert defect.summary.startswith("grad['x'].shape=(4, 1, 3), but should be (3,)")
+    assert "'x' was broadcast to (4, 2, 3) in this call and the gradient was reduced over only some of" in defect.details[0]
+    assert "sum_to_size" in defect.details[0] and "order" not in defect.details[0]
+    # A shape the input never broadcast to keeps the other hint.
+    execution = _execution(torch.ones(5, 3, dtype=torch.float64), w, None, outputs=outputs)
+    (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert "was not broadcast to (5, 3)" in defect.details[0]
+
+
 def test_a_broadcast_gradient_is_grad_metas_with_the_reduction_hint() -> None:
     _, w, _ = _right_grads()
     execution = _execution(torch.ones(2, 3, dtype=torch.float64), w, None)  # grad of x (3,) not summed over dim 0

@@ -120,19 +120,25 @@ def as_called(case: Case, args: Sequence[Any]) -> Case:
     return dataclasses.replace(case, requires_grad=wanted, dtype=dtype)
 
 
-def _broadcast_target(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
-    """True when ``arg`` was really broadcast to ``grad``'s shape in this call: another input or
-    an output has that shape, and ``arg``'s shape broadcasts to it. Only then does summing the
-    gradient over the broadcast dims repair it."""
-    shape = tuple(grad.shape)
-    if shape == tuple(arg.shape) or len(shape) < arg.dim():
-        return False
-    try:
-        if torch.broadcast_shapes(shape, tuple(arg.shape)) != torch.Size(shape):  # type: ignore[no-untyped-call]
+def _broadcast_to(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.Tensor]) -> tuple[int, ...] | None:
+    """The shape ``arg`` was really broadcast to in this call when summing ``grad`` repairs it, else
+    None: ``arg``'s shape broadcasts to ``grad``'s, and another input or an output has a shape that
+    both broadcast to (``grad``'s itself, or a larger one when backward reduced some of the
+    broadcast dims and not all)."""
+
+    def broadcasts(small: tuple[int, ...], large: tuple[int, ...]) -> bool:
+        try:
+            return torch.broadcast_shapes(small, large) == torch.Size(large)  # type: ignore[no-untyped-call]
+        except RuntimeError:
             return False
-    except RuntimeError:
-        return False
-    return any(tuple(t.shape) == shape for t in others)
+
+    shape, own = tuple(grad.shape), tuple(arg.shape)
+    if shape == own or len(shape) < len(own) or not broadcasts(own, shape):
+        return None
+    targets = [tuple(t.shape) for t in others if tuple(t.shape) != own and broadcasts(own, tuple(t.shape))]
+    if shape in targets:
+        return shape
+    return next((target for target in targets if broadcasts(shape, target)), None)
 
 
 def structural_defects(
@@ -191,12 +197,13 @@ def structural_defects(
             continue
         at = f"{fn_name}.backward, input {recipe.name!r}"
         if tuple(grad.shape) != tuple(arg.shape):
-            hint = ""
-            if _broadcast_target(grad, arg, [t for t in tensors if t is not arg]):
+            target = _broadcast_to(grad, arg, [t for t in tensors if t is not arg])
+            if target is not None:
+                reduced = "was not reduced over" if target == tuple(grad.shape) else "was reduced over only some of"
                 hint = (
-                    f"{recipe.name!r} was broadcast to {tuple(grad.shape)} in this call and the gradient was "
-                    "not reduced over the broadcast dims: sum it over them (grad.sum_to_size(input.shape)). The "
-                    "autograd engine silently does this for you, which hides the bug from gradcheck."
+                    f"{recipe.name!r} was broadcast to {target} in this call and the gradient {reduced} the "
+                    "broadcast dims: sum it over all of them (grad.sum_to_size(input.shape)). The autograd "
+                    "engine silently does this for you, which hides the bug from gradcheck."
                 )
             else:
                 hint = (

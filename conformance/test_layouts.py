@@ -26,13 +26,14 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.defects import require_sound
+from conformance.engine.defects import Blocked, Defect, backward_raised, forward_raised, require_sound
 from conformance.engine.evaluate import execute, run_reference
 from conformance.engine.global_state import exact_cuda_math
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import FLOOR_ULPS, largest_magnitude, layout_tolerance, tie_dim, truth, ulp
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
+from conformance.engine.torch_text import writes_overlapping_memory
 from strategies.cases import GRAD_LAYOUTS, LAYOUTS, Case, CaseOptions
 from strategies.recipes import FloatingRecipe
 from strategies.values import tensor_from_seed
@@ -129,6 +130,13 @@ def _run(case: Case, target: Target, grad_outputs: Any = None) -> Execution:
         return execute(case, grad_outputs=grad_outputs)
 
 
+def _blocked_if_written_in_place(error: BaseException, case: Case, summary: str) -> None:
+    """torch refuses to write into an expanded (stride-0) tensor: the Function writes into its
+    input or grad_output, which is the inplace contract's defect at every layout."""
+    if writes_overlapping_memory(error):
+        raise Blocked(Defect("inplace", summary), case) from None
+
+
 def check_layouts(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
     case = _with_an_input_moved(replace(case, grad_layout=data.draw(st.sampled_from(GRAD_LAYOUTS), label="grad_output layout")))
@@ -138,6 +146,8 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
     try:
         strided = _run(case, target)
     except Exception as error:
+        cause = error.__cause__ or error  # a ForwardError wraps the Function's own error
+        _blocked_if_written_in_place(cause, case, forward_raised(cause, target.spec.display_name))
         fail(
             f"forward raised {type(error).__name__} on non-contiguous inputs, but runs on contiguous ones with the same values",
             f"layouts: {_describe_layouts(case, case.args(), ())}",
@@ -147,6 +157,7 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
     layouts = _describe_layouts(case, strided.args, strided.grad_outputs)
     if strided.backward_error is not None:
         backward_error = strided.backward_error
+        _blocked_if_written_in_place(backward_error, case, backward_raised(backward_error, target.spec.display_name))
         fail(
             f"backward raised {type(backward_error).__name__} with non-contiguous inputs or grad_output, but runs on contiguous ones",
             f"layouts: {layouts}",

@@ -164,7 +164,9 @@ def test_a_backward_that_raises_is_a_crash_for_the_runner_to_give_its_owner() ->
     execution = _execution(error=ValueError("shapes do not match"))
     for contract in ("gradcheck", "inplace"):
         crash = _crash(contract, execution)
-        assert crash.summary.startswith("backward raised ValueError, but should return gradients [MyFn.backward]")
+        assert crash.summary.startswith(
+            "backward raised ValueError (shapes do not match), but should return gradients [MyFn.backward]"
+        )
         assert crash.case is execution.case and isinstance(crash.__cause__, ValueError)
 
 

@@ -58,8 +58,8 @@ def _no_differentiable_input(*checked: str, why: dict[str, str]) -> dict[str, tu
 # Function -> contract -> (outcome, a phrase of its report). "passed" only where a check ran.
 EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     "backward_always_raises": {  # one crash, one failure: on plain inputs it is return_count's
-        **{c: ("blocked", "blocked by return_count: backward raised NotImplementedError, but should return gradients") for c in CONTRACTS},
-        "return_count": ("failed", "backward raised NotImplementedError, but should return gradients"),
+        **{c: ("blocked", "blocked by return_count: backward raised NotImplementedError (backward of double is not implemented yet), but should return gradients") for c in CONTRACTS},
+        "return_count": ("failed", "backward raised NotImplementedError (backward of double is not implemented yet), but should return gradients"),
         "undefined_grads": ("n/a", SINGLE_OUTPUT),
         "devices": ("n/a", CPU_ID),
         "saved_memory": ("n/a", NO_SAVES_PROMISE),

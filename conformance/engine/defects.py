@@ -38,6 +38,7 @@ __all__ = [
     "as_called",
     "backward_raised",
     "forward_defect",
+    "forward_raised",
     "require_sound",
     "structural_defects",
     "unwritten_defect",
@@ -89,10 +90,23 @@ class ForwardError(Crash):
     phase = "forward"
 
 
+def raised(error: BaseException, limit: int = 120) -> str:
+    """``error`` in a summary line: its type and its message's first line, cut at ``limit``."""
+    text = " ".join(str(error).strip().split("\n", 1)[0].split())
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__} ({text[:limit]}{'...' if len(text) > limit else ''})"
+
+
 def backward_raised(error: BaseException, fn_name: str, *, by_engine: bool = False) -> str:
     """The one-line summary of a backward that raised ``error``."""
     where = "backward (raised by the autograd engine)" if by_engine else "backward"
-    return f"backward raised {type(error).__name__}, but should return gradients [{fn_name}.{where}]"
+    return f"backward raised {raised(error)}, but should return gradients [{fn_name}.{where}]"
+
+
+def forward_raised(error: BaseException, fn_name: str) -> str:
+    """The one-line summary of a forward that raised ``error``."""
+    return f"forward raised {raised(error)}, but should return outputs [{fn_name}.forward]"
 
 
 class BackwardError(Crash):
@@ -128,7 +142,7 @@ def _broadcast_to(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.
 
     def broadcasts(small: tuple[int, ...], large: tuple[int, ...]) -> bool:
         try:
-            return torch.broadcast_shapes(small, large) == torch.Size(large)  # type: ignore[no-untyped-call]
+            return bool(torch.broadcast_shapes(small, large) == torch.Size(large))  # type: ignore[no-untyped-call]
         except RuntimeError:
             return False
 

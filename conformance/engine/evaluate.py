@@ -42,6 +42,7 @@ from conformance.engine.harness import (
 from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
 from conformance.engine.probe import Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
+from conformance.engine.torch_text import writes_overlapping_memory
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
@@ -273,13 +274,15 @@ def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder) -
     return copy
 
 
-def crash_owner(case: Case, contract: str) -> str:
+def crash_owner(case: Case, contract: str, error: BaseException | None = None) -> str:
     """The contract that owns a crash ``contract`` met on ``case`` (the call as it was made: its
-    dtype and requires_grad subset). See :data:`conformance.engine.defects.CRASH_OWNER`:
-    ``layouts`` when the same values in plain layouts (contiguous inputs and grad_outputs) run;
-    ``contract`` itself when they run and nothing about the layouts differed (what the contract
-    did to the call raised); ``needs_input_grad`` when the plain call runs with every
-    differentiable input requiring grad; else ``return_count`` (a crash on plain inputs)."""
+    dtype and requires_grad subset), raising ``error``. See :data:`conformance.engine.defects.CRASH_OWNER`:
+    ``layouts`` when the same values in plain layouts (contiguous inputs and grad_outputs) run --
+    ``inplace`` instead when torch refused to write into an expanded tensor, which only the
+    Function's in-place write into its input or grad_output makes; ``contract`` itself when they
+    run and nothing about the layouts differed (what the contract did to the call raised);
+    ``needs_input_grad`` when the plain call runs with every differentiable input requiring grad;
+    else ``return_count`` (a crash on plain inputs)."""
     plain = dataclasses.replace(
         case,
         recipes=tuple(dataclasses.replace(r, layout="contiguous") if isinstance(r, FloatingRecipe) else r for r in case.recipes),
@@ -287,7 +290,9 @@ def crash_owner(case: Case, contract: str) -> str:
     )
     if _runs_cleanly(plain):
         strided_grads = case.grad_kind in ("noncontiguous", "expanded") or case.grad_layout != "as_drawn"
-        return "layouts" if plain != case or strided_grads else contract
+        if not (plain != case or strided_grads):
+            return contract
+        return "inplace" if error is not None and writes_overlapping_memory(error) else "layouts"
     differentiable = frozenset(r.name for r in case.recipes if r.differentiable)
     if case.requires_grad != differentiable and _runs_cleanly(dataclasses.replace(plain, requires_grad=differentiable)):
         return "needs_input_grad"

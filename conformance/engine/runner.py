@@ -34,7 +34,15 @@ from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.errors import HypothesisException, InvalidArgument
 
-from conformance.engine.defects import BackwardError, Blocked, Crash, Defect, ForwardError, backward_raised
+from conformance.engine.defects import (
+    BackwardError,
+    Blocked,
+    Crash,
+    Defect,
+    ForwardError,
+    backward_raised,
+    forward_raised,
+)
 from conformance.engine.evaluate import crash_owner, execute
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
@@ -609,9 +617,9 @@ class Target:
         if isinstance(crash, BackwardError):
             summary = crash.summary
         else:
-            summary = f"forward raised {type(cause).__name__}, but should return outputs [{self.spec.display_name}.forward]"
+            summary = forward_raised(cause, self.spec.display_name)
         if owner is None:
-            owner = crash_owner(crash.case, self.contract) if crash.case is not None else self.contract
+            owner = crash_owner(crash.case, self.contract, cause) if crash.case is not None else self.contract
         if owner != self.contract:
             raise Blocked(Defect(owner, summary), crash.case)
         fail(summary, f"{type(cause).__name__}: {cause}", _user_frames(cause), case=crash.case)
@@ -625,7 +633,7 @@ class Target:
         kind = {"forward": ForwardError, "backward": BackwardError}.get(where.split(" of ", 1)[0])
         if case is None or kind is None:
             return
-        owner = crash_owner(case, self.contract)
+        owner = crash_owner(case, self.contract, error)
         if owner == self.contract:
             return
         crash = kind(f"{type(error).__name__}: {error}", case)

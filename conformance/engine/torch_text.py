@@ -100,3 +100,10 @@ def dynamo_refuses_jvp(text: str) -> bool:
     """Dynamo's refusal to trace an autograd.Function that defines ``jvp`` (``text``: the error's
     message, whitespace collapsed)."""
     return "jvp" in text
+
+
+def writes_overlapping_memory(error: BaseException) -> bool:
+    """torch's refusal to write in place into a tensor whose elements share memory (an expanded,
+    stride-0 tensor): "unsupported operation: more than one element of the written-to tensor
+    refers to a single memory location"."""
+    return "more than one element of the written-to tensor refers to a single memory location" in str(error)

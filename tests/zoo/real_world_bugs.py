@@ -26,6 +26,10 @@ realistic mistake. None of them was tuned to the suite.
 * ``clobbers_input_in_forward`` (ClobbersInputInForward): y = 2x whose forward reuses x's memory
   as scratch afterwards (``x.data.zero_()``) -- the values it returns are right, but the caller's
   x is gone (and gradcheck, which perturbs x in place, would see nonsense).
+* ``center_in_place_upcast`` (CenterInPlaceUpcast): y = (x - mean(x)) * w whose forward upcasts
+  half inputs and centres the upcast copy in place -- a copy for float16, x itself for float32
+  and float64, so the caller's x is centred too. inplace owns it; on an expanded (stride-0) x the
+  same write raises in torch, and layouts and out_of_bounds are blocked by inplace.
 """
 
 from __future__ import annotations
@@ -350,4 +354,42 @@ register(
     inputs=[Tensor("x", "*batch n")],
     reference=lambda x: 2 * x,
     dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- centring through a no-op upcast
+
+
+class CenterInPlaceUpcast(torch.autograd.Function):
+    """y = (x - mean(x)) * w, upcast for half inputs; the centring is
+    written in place on the upcast copy, which is x itself when there is nothing to upcast."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf -= xf.mean(-1, keepdim=True)  # BUG: xf is x itself in float32/float64: the caller's x is centred
+        ctx.save_for_backward(xf, weight)
+        return (xf * weight.to(xf.dtype)).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        centred, weight = ctx.saved_tensors
+        g = grad.to(centred.dtype)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gy = g * weight.to(g.dtype)
+            grad_x = (gy - gy.mean(-1, keepdim=True)).to(grad.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (g * centred).reshape(-1, centred.shape[-1]).sum(0).to(weight.dtype)
+        return grad_x, grad_w
+
+
+register(
+    CenterInPlaceUpcast,
+    name="center_in_place_upcast",
+    inputs=[Tensor("x", "*batch d"), Tensor("weight", "d")],
+    reference=lambda x, weight: (x - x.mean(-1, keepdim=True)) * weight,
+    dtypes=(torch.float64, torch.float32, torch.float16),
+    double_backward=False,
 )

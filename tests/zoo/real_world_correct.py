@@ -17,6 +17,8 @@ found in kernel repositories, written correctly. Each has a buggy twin in real_w
 * ``rotary_transposed_output`` (RotaryEmbedding): Hugging Face-style rotary embedding whose output
   is a non-contiguous transposed view (b, h, s, d) of a fresh buffer; backward is linear and
   differentiable, so double backward works.
+* ``center_upcast`` (CenterUpcast): y = (x - mean(x)) * w, upcast for half inputs, centred
+  out of place.
 """
 
 from __future__ import annotations
@@ -244,4 +246,41 @@ register(
     ],
     reference=_rotary_reference,
     dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- centring through a no-op upcast
+
+
+class CenterUpcast(torch.autograd.Function):
+    """y = (x - mean(x)) * w, upcast for half inputs (float32 compute)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf - xf.mean(-1, keepdim=True)
+        ctx.save_for_backward(xf, weight)
+        return (xf * weight.to(xf.dtype)).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        centred, weight = ctx.saved_tensors
+        g = grad.to(centred.dtype)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gy = g * weight.to(g.dtype)
+            grad_x = (gy - gy.mean(-1, keepdim=True)).to(grad.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (g * centred).reshape(-1, centred.shape[-1]).sum(0).to(weight.dtype)
+        return grad_x, grad_w
+
+
+register(
+    CenterUpcast,
+    name="center_upcast",
+    inputs=[Tensor("x", "*batch d"), Tensor("weight", "d")],
+    reference=lambda x, weight: (x - x.mean(-1, keepdim=True)) * weight,
+    dtypes=(torch.float64, torch.float32, torch.float16),
+    double_backward=False,
 )

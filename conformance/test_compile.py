@@ -176,8 +176,9 @@ def _mismatch(
     if judge_against_truth(spec, case.dtype, _judged(eager, truth, baseline, where, pristine, names)) is not None:
         target.not_checked("eager results are already outside the reference policy on this case: the reference contract's finding")
         raise _NothingToJudge
+    head, bracket, where_it_was = verdict.summary.partition(" [")
     return _Mismatch(
-        f"compiled {verdict.summary.replace(' - reference|', ' - reference| (eager is within it)', 1)}",
+        f"compiled {head} (eager is within it){bracket}{where_it_was}",
         (f"differs from eager (not bitwise): {', '.join(differing)}", verdict.details),
     )
 

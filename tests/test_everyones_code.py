@@ -22,6 +22,7 @@ CORRECT: dict[str, set[str]] = {
     "scale_optional_bias": set(),  # an optional tensor passed as None
     "sparsemax": set(),  # a step Jacobian in bfloat16
     "gelu_tanh_under_autocast": set(),  # an approximation under autocast, no custom_fwd
+    "rms_scale_float32_eps": set(),  # float64 a few rounding steps off the reference (eps in float32)
 }
 
 # Twin -> (the contract that fails it, what its message says).
@@ -94,4 +95,5 @@ def test_a_forward_bug_blocks_func_instead_of_blaming_the_vmap_rule(bugs) -> Non
 
 def test_a_numpy_output_function_compiles_and_its_compile_only_twin_fails(conformance_run) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run(ZOO / "everyones_code_bugs.py", "-k", "row_norms_numpy_compiled", contracts=("compile",))
-    assert "compiled max|output[0] - reference|" in run.failed("compile", "row_norms_numpy_compiled")
+    text = run.failed("compile", "row_norms_numpy_compiled")
+    assert "compiled output[0] != reference (eager is within it)" in text and "assert_close" in text, text

@@ -12,6 +12,8 @@ Policy (see README, "Numerical tolerance policy"):
   grad_outputs (upcast).
 * **Baseline** is the same reference evaluated in the tested dtype on the tested device: how
   wrong plain PyTorch is in that precision.
+* float64 passes ``torch.testing.assert_close`` against the truth (the reference in float64
+  itself: no reference error to scale), for every contract that compares with it.
 * Low precision passes iff ``max|impl - truth| <= k * max|baseline - truth| + floor`` per output
   and per gradient, ``floor = FLOOR_ULPS`` rounding steps of the tested dtype at ``max|truth|``.
   The floor keeps an exact reference (baseline error 0) from demanding bit-exactness.
@@ -56,6 +58,7 @@ __all__ = [
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
+    "compare_float64",
     "evaluate_spec",
     "judge_against_truth",
     "judged_grads",
@@ -220,6 +223,18 @@ class Comparison:
 
     summary: str
     details: str
+
+
+def compare_float64(actual: torch.Tensor, truth: torch.Tensor, *, what: str, where: str) -> Comparison | None:
+    """The reference contract's float64 rule: ``torch.testing.assert_close`` with its defaults
+    (the truth is the reference in float64 itself, so there is no reference error to scale)."""
+    try:
+        torch.testing.assert_close(
+            actual.detach().cpu(), truth.detach().cpu(), equal_nan=True, check_dtype=False, check_stride=False
+        )
+    except AssertionError as error:
+        return Comparison(f"{what} != reference [{where}, torch.testing.assert_close]", str(error))
+    return None
 
 
 def _nonfinite_mismatch(actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:
@@ -507,6 +522,11 @@ def judge_against_truth(
         if not value.truth.is_floating_point():
             if not torch.equal(value.actual.detach().cpu(), value.truth.detach().cpu()):
                 return Comparison(f"{value.what} differs from the reference (not floating point: compared exactly) [{value.where}]", "")
+            continue
+        if dtype == torch.float64:
+            comparison = compare_float64(value.actual, value.truth, what=value.what, where=value.where)
+            if comparison is not None:
+                return comparison
             continue
         comparison = compare_budget(
             value.actual, value.truth, value.baseline, dtype, resampled=value.resampled, floor_at=floor_at, terms=value.terms,

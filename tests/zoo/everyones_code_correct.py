@@ -33,6 +33,11 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   its input's dtype, so it works under ``torch.autocast`` without ``custom_fwd``.
 * ``gelu_tanh_under_autocast`` (GeluTanhUnderAutocast, class 10): exact GELU, and under autocast
   (no ``custom_fwd``) the tanh approximation, within the budget of GELU run in bfloat16.
+* ``rms_scale_float32_eps`` (RmsScaleFloat32Eps): y = x / sqrt(mean(x**2) + eps) with ``eps``
+  rounded to float32, as a Triton kernel receives a Python float, and a vmap rule and a jvp. In
+  float64 it is a few rounding steps from the reference (eps in float64): within the reference
+  contract's float64 rule (``assert_close``); func, forward_ad and compile once held float64 to
+  a 2-step floor and failed it (a new user's trial: "a forward defect", while reference passed).
 """
 
 from __future__ import annotations
@@ -289,3 +294,52 @@ class GeluTanhUnderAutocast(torch.autograd.Function):
 
 
 register(GeluTanhUnderAutocast, name="gelu_tanh_under_autocast", inputs=[Tensor("x", "*batch n")], reference=F.gelu)
+
+
+# --------------------------------------------------------------------------- float32 eps in float64
+
+
+def _eps32(eps: float) -> float:
+    return float(torch.tensor(eps, dtype=torch.float32))
+
+
+class RmsScaleFloat32Eps(torch.autograd.Function):
+    """y = x * rsqrt(mean(x**2, -1) + eps), eps rounded to float32 (a kernel's float32 scalar)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps32(eps))
+        return x * rstd
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, float], output: torch.Tensor) -> None:
+        x, eps = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)  # jvp reads it too
+        ctx.eps = eps
+
+    @staticmethod
+    def _along(ctx: Any, x: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps32(ctx.eps))
+        return rstd * (direction - x * rstd.pow(2) * (direction * x).mean(-1, keepdim=True))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return RmsScaleFloat32Eps._along(ctx, x, grad), None
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor, _: Any) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return RmsScaleFloat32Eps._along(ctx, x, x_t)
+
+
+register(
+    RmsScaleFloat32Eps,
+    name="rms_scale_float32_eps",
+    inputs=[Tensor("x", "*batch d"), Scalar("eps", 1e-6)],
+    reference=lambda x, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps),
+    dtypes=(torch.float64, torch.float32),
+)

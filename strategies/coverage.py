@@ -12,7 +12,8 @@ What the corners cover (:func:`coverage_corners`):
   ``block``, ``block + 1`` and ``2 * block + 1`` for each block the dim declares, and the largest of
   129, 65, 33, 17 (past a tail of every common kernel block 16, 32, 64, 128, and past two full blocks
   of 64) that fits the element budget with the other dims at their smallest; likewise each
-  ``*batch`` group as one dim of that many rows (kernels flatten the batch into rows and tile them);
+  ``*batch`` group as one dim of that many rows (kernels flatten the batch into rows and tile them),
+  every differentiable input requiring grad there;
 * pairwise, as covering arrays do: every value of each Scalar whose strategy is finite (booleans,
   ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
   ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
@@ -257,15 +258,25 @@ def coverage_corners(
     sized = [_sizes(names, bounds, rules, {}, forced, smallest=True) for forced in size_rows]
     # A size corner's other dims sit at their smallest: its relations count for nothing, its other
     # factors cover pairs as any row's do.
+    def kind_level(label: str, index: int, levels: int) -> int:
+        # Many rows reach the block loops of a row-tiled kernel: every gradient is computed there
+        # (requires_grad class 0: every input); the other corners take the subsets in turn.
+        if label != REQUIRES_GRAD_LABEL:
+            return index % levels
+        return 0 if index in big_batches else (index - sum(1 for i in big_batches if i < index)) % levels
+
     fixed = [
         # Size corners spread the dtypes and case kinds in turn, as without pairs; the pairs they
         # leave uncovered take rows of their own.
-        {k: -1 if f.kind == "relation" else index % f.levels for k, f in enumerate(factors) if f.kind in ("relation", "dtype", "kind")}
+        {
+            k: -1 if f.kind == "relation" else kind_level(str(f.key), index, f.levels) if f.kind == "kind" else index % f.levels
+            for k, f in enumerate(factors) if f.kind in ("relation", "dtype", "kind")
+        }
         for index in range(len(sized))
     ]
     rows = pairwise_rows([f.levels for f in factors], fixed)
     if not pairwise_kinds:
-        turns = max([len(dtypes), *(levels for _, levels in kinds)])
+        turns = max([len(dtypes), *(levels + (len(big_batches) if label == REQUIRES_GRAD_LABEL else 0) for label, levels in kinds)])
         rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
     corners = []
     for index, levels in enumerate(rows):
@@ -274,7 +285,7 @@ def coverage_corners(
         dtype_index = next((level for f, level in zip(factors, levels) if f.kind == "dtype"), index % max(len(dtypes), 1))
         kind_levels = (
             tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "kind") if pairwise_kinds
-            else tuple((label, index % count) for label, count in kinds)
+            else tuple((label, kind_level(label, index, count)) for label, count in kinds)
         )
         big_batch = big_batches.get(index)
         corners.append(Corner(

@@ -149,9 +149,9 @@ def check_layouts(target: Target, data: st.DataObject) -> None:
         cause = error.__cause__ or error  # a ForwardError wraps the Function's own error
         _blocked_if_written_in_place(cause, case, forward_raised(cause, target.spec.display_name))
         fail(
-            f"forward raised {type(error).__name__} on non-contiguous inputs, but runs on contiguous ones with the same values",
+            f"forward raised {type(cause).__name__} on non-contiguous inputs, but runs on contiguous ones with the same values",
             f"layouts: {_describe_layouts(case, case.args(), ())}",
-            f"{type(error).__name__}: {error}",
+            f"{type(cause).__name__}: {cause}",
             "Call .contiguous() on inputs a kernel indexes as if contiguous (or use .reshape, not .view).",
         )
     layouts = _describe_layouts(case, strided.args, strided.grad_outputs)

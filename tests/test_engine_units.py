@@ -21,6 +21,7 @@ from conformance.engine.probe import BackwardCall, Recorder
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, fail
 from conformance.engine.runner import RunOptions, Target
+from conformance.engine.stack_room import with_room
 from conformance.engine.watchdog import (
     ExampleTimeout,
     FlightRecorder,
@@ -349,3 +350,33 @@ def test_a_failure_at_a_corner_is_reported_at_the_smallest_failing_size(fails_fr
     assert target.context is not None and target.context.case is not None
     assert target.context.case.sizes["n"] == reported  # the case the report and repro describe
     assert [value.sizes["n"] for label, value in target.last_draws if label == "case"] == [reported]  # what the repro replays
+
+
+def test_with_room_calls_above_a_frame_that_takes_a_frame_stack_chunk_of_its_own() -> None:
+    """CPython maps a frame-stack chunk of at least the frame's size: ~128 KiB of locals leave room
+    after it for the deep call chains a test runs, so they stop mapping and unmapping chunks."""
+    caller = with_room(lambda: sys._getframe(1))
+    assert caller.f_code.co_filename == "<conformance stack room>"
+    assert caller.f_code.co_nlocals >= 16_000
+    assert with_room(lambda a, b=0: a + b, 1, b=2) == 3
+    with pytest.raises(ZeroDivisionError):
+        with_room(lambda: 1 / 0)
+
+
+def test_a_contract_check_runs_with_room_on_the_frame_stack() -> None:
+    spec = make_spec([Tensor("x", "n")])
+    target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 2}))
+    files: list[set[str]] = []
+
+    def check(target: Target, data: Any) -> None:
+        target.draw_case(data)
+        target.checked()
+        frame: FrameType | None = sys._getframe()
+        seen = set()
+        while frame is not None:
+            seen.add(frame.f_code.co_filename)
+            frame = frame.f_back
+        files.append(seen)
+
+    target.run(check)
+    assert files and all("<conformance stack room>" in seen for seen in files)

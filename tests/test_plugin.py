@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import textwrap
 
 import pytest
@@ -209,3 +210,19 @@ def test_threads_must_be_positive(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess(str(CONFORMANCE_DIR), "--threads=0", "--device=cpu", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--threads=0 must be >= 1" in result.stderr.str()
+
+
+def test_a_process_that_ran_the_suite_skips_the_final_garbage_collection_at_exit(pytester: pytest.Pytester) -> None:
+    """The suite freezes the collector in an atexit callback (CPython's final collection over
+    torch's objects costs ~1.2 s per process); a callback registered before the run runs after it."""
+    pytester.makepyfile(run_then_exit=f"""
+        import atexit, gc, pytest
+
+        atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
+        code = pytest.main([{str(CONFORMANCE_DIR / "test_return_count.py")!r}, "--device=cpu", "--max-examples=1",
+                            "-k", "square-cpu", "-p", "no:cacheprovider", "-q"])
+        print("frozen after the run:", gc.get_freeze_count() > 0, "exit code:", int(code))
+    """)
+    result = pytester.run(sys.executable, "run_then_exit.py")
+    assert "frozen after the run: False exit code: 0" in result.stdout.str(), result.stdout.lines[-20:] + result.stderr.lines
+    assert "frozen at exit: True" in result.stdout.str()

@@ -58,6 +58,7 @@ from conformance.engine.report import (
     set_context,
 )
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
+from conformance.engine.stack_room import with_room
 from conformance.engine.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
 from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import (
@@ -325,7 +326,7 @@ class Target:
         pin = self.spec.autotune_pin
         try:
             with pinned_config(*pin) if pin is not None else contextlib.nullcontext():
-                self._run(check, max_examples=max_examples)
+                with_room(self._run, check, max_examples=max_examples)
         except Exception:
             # An end the runner did not judge (the suite's own bug, a Hypothesis health check):
             # failed, with pytest's report as its reason. pytest's own skips and xfails

@@ -31,14 +31,12 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.evaluate import forward, gradients, preflight
-from conformance.engine.harness import differentiable_positions, forward_args
+from conformance.engine.harness import changed_elements, differentiable_positions, forward_args
 from conformance.engine.numerics import reordering_tolerance
 from conformance.engine.probe import BackwardCall
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, Case
-
-_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
 @dataclass
@@ -51,19 +49,6 @@ class Snapshot:
 
 def snapshot(tensor: torch.Tensor) -> Snapshot:
     return Snapshot(tensor.detach().clone(), tensor._version)
-
-
-def changed_elements(now: torch.Tensor, before: torch.Tensor) -> int:
-    """How many elements differ bitwise (so NaN == NaN, and 0.0 != -0.0)."""
-    if tuple(now.shape) != tuple(before.shape) or now.dtype != before.dtype:
-        return max(now.numel(), before.numel(), 1)
-    a, b = now.detach().contiguous(), before.detach().to(now.device).contiguous()
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.is_floating_point():
-        bits = _BITS[a.element_size()]
-        a, b = a.view(bits), b.view(bits)
-    return int((a != b).sum())
 
 
 def memory_span(tensor: torch.Tensor) -> tuple[Any, int, int] | None:

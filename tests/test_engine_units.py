@@ -380,3 +380,16 @@ def test_a_contract_check_runs_with_room_on_the_frame_stack() -> None:
 
     target.run(check)
     assert files and all("<conformance stack room>" in seen for seen in files)
+
+
+# ----------------------------------------------------------------------------- writes into lent memory
+
+
+def test_an_execution_names_the_grad_outputs_and_inputs_the_function_wrote_into() -> None:
+    execution = _execution()
+    execution.grad_outputs = (torch.zeros(2, 3, dtype=torch.float64).expand(2, 3),)
+    execution.grad_outputs_before = (torch.zeros(2, 3, dtype=torch.float64),)
+    assert execution.written_in_place(_args()) == []
+    execution.args[1][0, 0] = -0.0  # bitwise: -0.0 is a write even though it equals 0.0
+    execution.grad_outputs[0].masked_fill_(torch.ones(2, 3, dtype=torch.bool), float("nan"))
+    assert execution.written_in_place(_args()) == ["grad_output[0]", "input 'w'"]

@@ -16,7 +16,8 @@ import pytest
 
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
-CORRECT = ("mutating_double", "layer_norm_f32", "blockwise_attention_f32", "rotary_transposed_output", "center_upcast")
+CORRECT = ("mutating_double", "layer_norm_f32", "blockwise_attention_f32", "rotary_transposed_output", "center_upcast",
+           "relu_masks_grad_output")
 
 # bug -> the one contract that must fail; every other contract passes, skips for a stated
 # reason that is not a failure, or is "blocked by" the owner.
@@ -25,6 +26,7 @@ ONE_DEFECT = {
     "rotary_transposed_output_bug": "inplace",  # writes into a transposed-view grad_output
     "clobbers_input_in_forward": "inplace",  # forward zeroes its input after computing
     "center_in_place_upcast": "inplace",  # on an expanded x the same write raises: not layouts' crash
+    "relu_masks_grad_output_bug": "inplace",  # on a stride-0 grad_output the write goes through: not layouts' mismatch
     "bias_grad_wrong_shape": "grad_meta",  # the engine silently sums the unreduced gradient
     "wrong_dtype_grad_kernel": "grad_meta",  # the engine silently casts float32 -> float64
     "bias_grad_summed_to_scalar": "grad_meta",  # the engine refuses the gradient outright
@@ -65,6 +67,18 @@ def test_one_defect_fails_one_contract_and_blocks_the_rest_with_a_labelled_line(
         if "blocked by" in text:
             assert f"blocked by {owner}: " in text and "case: " in text and "rerun: python -m pytest " in text, text
             assert "Traceback" not in text and "\n" not in text.strip().splitlines()[-1], text
+
+
+def test_a_write_through_a_stride_0_grad_output_blocks_layouts_instead_of_failing_it(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    # masked_fill_ on an expanded grad_output only warns: every element becomes the last one
+    # written, so the gradient is wrong on that layout alone. inplace owns the write. The
+    # profile's own budget: the zoo run's 8 examples rarely draw a stride-0 grad_output.
+    name = "relu_masks_grad_output_bug"
+    run = conformance_run(ZOO / "real_world_bugs.py", "-k", name, contracts=("inplace", "layouts"), max_examples=None)
+    assert "grad_output[0] was modified in place by backward" in run.failed("inplace", name)
+    blocked = run.verdict("layouts", name)
+    assert blocked.outcome == "skipped", blocked.outcome
+    assert "blocked by inplace: ReluMasksGradOutput wrote into grad_output[0] in place" in blocked.text, blocked.text
 
 
 def test_engine_error_is_explained_not_dumped(bugs) -> None:  # type: ignore[no-untyped-def]

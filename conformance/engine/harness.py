@@ -26,6 +26,7 @@ __all__ = [
     "Execution",
     "allocation_policy",
     "as_tuple",
+    "changed_elements",
     "differentiable_positions",
     "fixed_rng",
     "forward_args",
@@ -37,6 +38,22 @@ __all__ = [
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
+
+
+_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+def changed_elements(now: torch.Tensor, before: torch.Tensor) -> int:
+    """How many elements differ bitwise (so NaN == NaN, and 0.0 != -0.0)."""
+    if tuple(now.shape) != tuple(before.shape) or now.dtype != before.dtype:
+        return max(now.numel(), before.numel(), 1)
+    a, b = now.detach().contiguous(), before.detach().to(now.device).contiguous()
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        bits = _BITS[a.element_size()]
+        a, b = a.view(bits), b.view(bits)
+    return int((a != b).sum())
 
 
 def differentiable_positions(outputs: Sequence[Any]) -> list[int]:
@@ -89,6 +106,21 @@ class Execution:
         ]
         labelled.extend((f"grad[{name!r}]", grad) for name, grad in self.grads.items())
         return labelled
+
+    def written_in_place(self, inputs_as_made: Sequence[Any]) -> list[str]:
+        """The grad_outputs and inputs whose values the Function changed, compared bitwise with
+        the private copies and with ``inputs_as_made`` (the case's inputs made afresh)."""
+        written = [
+            f"grad_output[{i}]"
+            for i, (now, before) in enumerate(zip(self.grad_outputs, self.grad_outputs_before))
+            if changed_elements(now, before)
+        ]
+        written += [
+            f"input {recipe.name!r}"
+            for recipe, now, before in zip(self.case.recipes, self.args, inputs_as_made)
+            if isinstance(now, torch.Tensor) and isinstance(before, torch.Tensor) and changed_elements(now, before)
+        ]
+        return written
 
     @property
     def wrt_names(self) -> list[str]:

@@ -30,6 +30,10 @@ realistic mistake. None of them was tuned to the suite.
   half inputs and centres the upcast copy in place -- a copy for float16, x itself for float32
   and float64, so the caller's x is centred too. inplace owns it; on an expanded (stride-0) x the
   same write raises in torch, and layouts and out_of_bounds are blocked by inplace.
+* ``relu_masks_grad_output_bug`` (ReluMasksGradOutput): ReLU whose backward zeroes grad_output
+  itself with ``masked_fill_`` and returns it. On a stride-0 grad_output torch only warns, so the
+  write goes through and the gradient is wrong on that layout alone: inplace owns it, layouts is
+  blocked by inplace.
 """
 
 from __future__ import annotations
@@ -391,5 +395,35 @@ register(
     inputs=[Tensor("x", "*batch d"), Tensor("weight", "d")],
     reference=lambda x, weight: (x - x.mean(-1, keepdim=True)) * weight,
     dtypes=(torch.float64, torch.float32, torch.float16),
+    double_backward=False,
+)
+
+
+# --------------------------------------------------------------------------- ReLU, mask written into grad_output
+
+
+class ReluMasksGradOutput(torch.autograd.Function):
+    """ReLU whose backward zeroes grad_output where x <= 0 with ``masked_fill_`` and returns it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clamp_min(0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        # BUG: writes into the caller's grad_output; on a stride-0 grad_output (y.sum().backward())
+        # torch only warns, and every element then aliases the one element written.
+        return grad.masked_fill_(x <= 0, 0)
+
+
+register(
+    ReluMasksGradOutput,
+    name="relu_masks_grad_output_bug",
+    inputs=[Tensor("x", "*batch n")],
+    reference=torch.relu,
+    dtypes=(torch.float64, torch.float32),
     double_backward=False,
 )

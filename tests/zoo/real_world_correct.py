@@ -19,6 +19,8 @@ found in kernel repositories, written correctly. Each has a buggy twin in real_w
   differentiable, so double backward works.
 * ``center_upcast`` (CenterUpcast): y = (x - mean(x)) * w, upcast for half inputs, centred
   out of place.
+* ``relu_masks_grad_output`` (ReluMasksGradCopy): ReLU whose backward zeroes its own copy of
+  grad_output with ``masked_fill_``.
 """
 
 from __future__ import annotations
@@ -282,5 +284,33 @@ register(
     inputs=[Tensor("x", "*batch d"), Tensor("weight", "d")],
     reference=lambda x, weight: (x - x.mean(-1, keepdim=True)) * weight,
     dtypes=(torch.float64, torch.float32, torch.float16),
+    double_backward=False,
+)
+
+
+# --------------------------------------------------------------------------- ReLU, mask written into a copy
+
+
+class ReluMasksGradCopy(torch.autograd.Function):
+    """ReLU whose backward zeroes its own copy of grad_output where x <= 0 (``masked_fill_``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clamp_min(0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad.clone().masked_fill_(x <= 0, 0)
+
+
+register(
+    ReluMasksGradCopy,
+    name="relu_masks_grad_output",
+    inputs=[Tensor("x", "*batch n")],
+    reference=torch.relu,
+    dtypes=(torch.float64, torch.float32),
     double_backward=False,
 )

@@ -28,7 +28,14 @@ from conformance.engine.contract import contract
 from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import preflight, user_call, user_evaluate, vjp_call, vmap_call
 from conformance.engine.harness import forward_args, random_state
-from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
+from conformance.engine.numerics import (
+    Comparison,
+    Judged,
+    cheap_budget_first,
+    judge_against_truth,
+    judged_grads,
+    reference_truth_and_baseline,
+)
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
@@ -64,14 +71,16 @@ def _stack(values: list[Any], dim: int | None) -> Any:
     return values[0] if dim is None else torch.stack(values, dim=dim)
 
 
-def _per_sample_truth(target: Target, samples: list[Case], args: list[list[Any]], in_dims: list[int | None]) -> tuple[list[Any], list[Any]]:
-    """The reference per sample in float64 (truth) and in the tested dtype (baseline); an
-    unbatched input is sample 0's in every call."""
+def _per_sample_truth(
+    target: Target, samples: list[Case], args: list[list[Any]], in_dims: list[int | None], *, terms: bool
+) -> tuple[list[Any], list[Any]]:
+    """The reference per sample in float64 (truth, with its term bounds when ``terms``) and in
+    the tested dtype (baseline); an unbatched input is sample 0's in every call."""
     names = [r.name for r in samples[0].recipes]
     truths, baselines = [], []
     for index, case in enumerate(samples):
         sample_args = [args[index][p] if in_dims[p] is not None else args[0][p] for p in range(len(in_dims))]
-        truth, baseline = reference_truth_and_baseline(target.spec, case, sample_args, names, {}, terms=True)
+        truth, baseline = reference_truth_and_baseline(target.spec, case, sample_args, names, {}, terms=terms)
         truths.append(truth)
         baselines.append(baseline)
     return truths, baselines
@@ -94,11 +103,19 @@ def _check_vmap(target: Target, data: st.DataObject, case: Case, *, declared: bo
             f"vmap raised {type(error).__name__}, but {spec.display_name} declares vmap support [{where}]",
             f"{type(error).__name__}: {' '.join(str(error).split())[:1500]}",
         )
-    truths, baselines = _per_sample_truth(target, samples, args, in_dims)
     for position, got in enumerate(vmapped):
         if isinstance(got, torch.Tensor) and (got.dim() == 0 or got.shape[0] != BATCH):
             fail(f"vmapped output[{position}].shape={tuple(got.shape)}, but should have the batch of {BATCH} first [{where}]")
-    verdict = judge_against_truth(spec, case.dtype, _judged_samples([[o[i] if isinstance(o, torch.Tensor) else o for o in vmapped] for i in range(BATCH)], truths, baselines, where))
+    per_sample = [[o[i] if isinstance(o, torch.Tensor) else o for o in vmapped] for i in range(BATCH)]
+    truths, baselines = _per_sample_truth(target, samples, args, in_dims, terms=False)
+
+    def judge(full_budget: bool) -> Comparison | None:
+        nonlocal truths, baselines
+        if full_budget:
+            truths, baselines = _per_sample_truth(target, samples, args, in_dims, terms=True)
+        return judge_against_truth(spec, case.dtype, _judged_samples(per_sample, truths, baselines, where))
+
+    verdict = cheap_budget_first(judge)
     if verdict is None:
         target.checked()
         return
@@ -150,8 +167,15 @@ def _check_vjp(target: Target, case: Case) -> None:
     with random_state(spec, case):
         eager = user_evaluate(case, names, grad_outputs)
     pristine = case.args()
-    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
-    verdict = judge_against_truth(spec, case.dtype, judged_grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, lambda _: where))
+    truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs)
+
+    def judge(full_budget: bool) -> Comparison | None:
+        nonlocal truth, baseline
+        if full_budget:
+            truth, baseline = reference_truth_and_baseline(spec, case, pristine, names, grad_outputs, terms=True)
+        return judge_against_truth(spec, case.dtype, judged_grads(dict(zip([names[p] for p in wrt], found)), truth, baseline, pristine, names, lambda _: where))
+
+    verdict = cheap_budget_first(judge)
     if verdict is None:
         return
     if judge_against_truth(spec, case.dtype, judged_grads(eager.grads, truth, baseline, pristine, names, lambda _: where)) is not None:

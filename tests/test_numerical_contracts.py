@@ -9,17 +9,23 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance import SpecError, Tensor, register
 from conformance.engine.numerics import (
     RESAMPLE_PAIRS,
+    Comparison,
+    cheap_budget_first,
     checked_positions,
     compare_budget,
     compare_finiteness,
+    layout_tolerance,
     multiplier,
     neighbours,
     ulp,
 )
+from conformance.engine.report import ContractFailure, fail
 from conformance.spec import MAX_TOLERANCE, registered
 from strategies.values import tensor_from_seed
 from tests.zoo_runs import NUMERIC
@@ -218,3 +224,65 @@ def test_tolerance_override_and_cap(clean_registry) -> None:  # type: ignore[no-
             Twice, name="numerics_twice_too_loose", inputs=[Tensor("x", "n")], reference=lambda x: x * 2,
             dtypes=(torch.float16,), tolerances={torch.float16: {"grad": MAX_TOLERANCE * 2}},
         )
+
+
+# --------------------------------------------------------------------------- the cheap budget first
+
+
+def test_the_full_budget_is_measured_only_for_a_value_the_cheap_one_rejects() -> None:
+    calls: list[bool] = []
+
+    def passing(full: bool) -> str:
+        calls.append(full)
+        return "checked"
+
+    assert cheap_budget_first(passing) == "checked" and calls == [False]
+    calls.clear()
+
+    def raising(full: bool) -> None:
+        calls.append(full)
+        fail(f"outside the {'full' if full else 'cheap'} budget")
+
+    with pytest.raises(ContractFailure, match="outside the full budget"):
+        cheap_budget_first(raising)
+    assert calls == [False, True]
+    calls.clear()
+
+    def returning(full: bool) -> Comparison | None:
+        calls.append(full)
+        return None if full else Comparison("outside the cheap budget", "")
+
+    assert cheap_budget_first(returning) is None and calls == [False, True]
+
+
+def _close_tensors(size: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A float64 truth, and in ``dtype``: an implementation, a baseline and a neighbour pair, each
+    a few rounding steps (some far more) away; values sometimes non-finite or out of range."""
+    generator = torch.Generator().manual_seed(seed)
+    truth = torch.randn(size, generator=generator, dtype=torch.float64) * 10 ** float(torch.randint(-3, 4, (), generator=generator))
+    eps = torch.finfo(dtype).eps
+    def near(scale: float) -> torch.Tensor:
+        return (truth * (1 + scale * eps * torch.randn(size, generator=generator, dtype=torch.float64))).to(dtype)
+    impl, base, moved = near(8.0), near(2.0), near(4.0)
+    if seed % 3 == 0:
+        impl[0] = truth[0] * 2  # far outside any budget
+    if seed % 5 == 0:
+        base[-1] = math.inf  # plain PyTorch overflows there
+    moved_truth = truth * (1 + eps * torch.randn(size, generator=generator, dtype=torch.float64))
+    terms = truth.abs() * 10 ** float(torch.randint(0, 4, (), generator=generator))
+    return truth, impl, base, moved, moved_truth, terms
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(size=st.integers(1, 16), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_a_value_within_the_cheap_budget_is_within_the_full_one(size: int, seed: int, dtype: torch.dtype) -> None:
+    # cheap_budget_first relies on it: term bounds, resamples and the baseline only widen a budget.
+    truth, impl, base, moved, moved_truth, terms = _close_tensors(size, seed, dtype)
+    cheap = compare_budget(impl, truth, base, dtype, k=2, what="o", where="t")
+    full = compare_budget(impl, truth, base, dtype, resampled=[(moved, moved_truth)], terms=terms, k=2, what="o", where="t")
+    assert cheap is not None or full is None, full
+    stricter = compare_finiteness(impl, truth, dtype, what="o", where="t")
+    assert stricter is not None or compare_finiteness(impl, truth, dtype, baseline=base, what="o", where="t") is None
+    rtol, atol = layout_tolerance(impl, 1.0)
+    wider_rtol, wider_atol = layout_tolerance(impl, 1.0, noise=float(terms.max()))
+    assert wider_rtol >= rtol and wider_atol >= atol

@@ -21,6 +21,11 @@ Policy (see README, "Numerical tolerance policy"):
   dtype on the case's inputs and on neighbouring inputs (each element moved by at most one
   representable step), each against its own float64 truth; the largest counts. One sample of
   rounding noise is unreliable for a few-element result whose terms cancel.
+* Budgets only grow with what they are given (the term bounds, the resampled reference errors
+  and sensitivities, the reference's noise in ``layouts``). So a contract judges first with the
+  budget its plain truth and baseline give, and measures the rest only for a value that budget
+  rejects (:func:`cheap_budget_first`): the verdict is the same, and a passing example does not
+  pay for the resamples.
 * A position is *checked* where the truth is finite and representable in the tested dtype
   (rounding it to the dtype gives a finite number) and the baseline is finite. A value the dtype
   cannot hold (a float16 square of 300) may overflow in any correct implementation, and where
@@ -44,7 +49,7 @@ import torch
 from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, fresh
 from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
-from conformance.engine.report import mismatch_report
+from conformance.engine.report import ContractFailure, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from strategies.cases import Case
 
@@ -55,6 +60,8 @@ __all__ = [
     "Comparison",
     "Judged",
     "Reordering",
+    "baseline",
+    "cheap_budget_first",
     "checked_positions",
     "compare_budget",
     "compare_finiteness",
@@ -77,7 +84,25 @@ __all__ = [
     "with_resamples",
 ]
 
+T = TypeVar("T")
+
 FLOOR_ULPS = 2  # rounding steps of the tested dtype at max|truth| added to the budget
+
+
+def cheap_budget_first(judge: Callable[[bool], T]) -> T:
+    """``judge(False)``: the judgement with the budget of the plain truth and baseline; if it
+    fails (raises :class:`ContractFailure` or returns a :class:`Comparison`), ``judge(True)``:
+    the same judgement with the full budget (term bounds, resamples, reference noise), whose
+    result stands. Every budget is monotone in those measurements (:func:`compare_budget`,
+    :func:`compare_finiteness`, :func:`layout_tolerance`), so a value within the cheap budget is
+    within the full one: the verdict is the full judgement's, at the cost of the cheap one
+    whenever it passes."""
+    __tracebackhide__ = True
+    try:
+        found = judge(False)
+    except ContractFailure:
+        return judge(True)
+    return judge(True) if isinstance(found, Comparison) else found
 
 
 @contextmanager
@@ -163,7 +188,6 @@ def evaluate_spec(
     return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
 
 
-T = TypeVar("T")
 
 
 def truth_and_baseline(spec: Spec, case: Case, run: Callable[[Callable[[Any], Any], bool], T]) -> tuple[T, T]:
@@ -189,6 +213,15 @@ def truth(
     """The spec's reference (and surrogate) in float64 on the CPU, TF32 off, on ``args`` upcast."""
     with strict_float32(), random_state(spec, case):
         return evaluate_spec(spec, [upcast(a) for a in args], names, grad_outputs, terms=terms)
+
+
+def baseline(
+    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor]
+) -> Evaluated:
+    """The baseline of :func:`truth_and_baseline` alone: the spec's reference (and surrogate) on
+    ``args`` as they are, under the case's RNG state."""
+    with random_state(spec, case):
+        return evaluate_spec(spec, list(args), names, grad_outputs)
 
 
 def reference_truth_and_baseline(

@@ -26,7 +26,8 @@ their arguments (the Case objects and references to the tensors they were given)
 * a direct call of such a closure (a forward only) -> the bare closure on the same tensors.
 
 Other outermost torch-level calls a contract makes itself -- ``Function.apply`` (e.g. a probed
-class), ``torch.autograd.grad`` / ``torch.autograd.backward``, gradcheck on another callable --
+class), ``torch.autograd.grad`` / ``torch.autograd.backward``, a call of a callable that
+``torch.compile`` returned (Dynamo's trace and compilation happen inside it), gradcheck on another callable --
 cannot be replayed (their graph and inputs live only inside the contract), so only the time
 spent inside them during the run is recorded ("not replayed"). After the run (still in this
 process, under the suite's pinned global state and thread count, patches removed), the recorded
@@ -158,6 +159,23 @@ def _timed(kind: str, call: Callable[[], Any], record: Callable[[Any, float], tu
     return result
 
 
+def _plain_wrapper(kind: str, original: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return _timed(kind, lambda: original(*args, **kwargs), lambda _, __: None)
+    return wrapper
+
+
+def _compile_wrapper(compile_original: Any) -> Any:
+    def compile_wrapper(*args: Any, **kwargs: Any) -> Any:
+        # A call of the compiled callable is an evaluation: Dynamo's tracing and AOTAutograd's
+        # joint graph are what a bare compile test pays too (forward and backward are traced here).
+        compiled = compile_original(*args, **kwargs)
+        if not args and "model" not in kwargs:
+            return compiled  # torch.compile(backend=...) used as a decorator factory
+        return _plain_wrapper("compiled call (direct)", compiled)
+    return compile_wrapper
+
+
 def _install() -> None:
     import torch
 
@@ -224,11 +242,6 @@ def _install() -> None:
             return _timed(kind, lambda: original(*args, **kwargs), record)
         return wrapper
 
-    def plain_wrapper(kind: str, original: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return _timed(kind, lambda: original(*args, **kwargs), lambda _, __: None)
-        return wrapper
-
     apply_original = torch.autograd.Function.__dict__["apply"].__func__
 
     def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
@@ -242,9 +255,10 @@ def _install() -> None:
     _patch(numerics, "evaluate_spec", evaluate_wrapper)
     _patch(torch.autograd, "gradcheck", check_wrapper("gradcheck", gradcheck, gradcheck_sig))
     _patch(torch.autograd, "gradgradcheck", check_wrapper("gradgradcheck", gradgradcheck, gradgradcheck_sig))
-    _patch(torch.autograd, "grad", plain_wrapper("autograd.grad (direct)", grad))
-    _patch(torch.autograd, "backward", plain_wrapper("autograd.backward (direct)", backward))
+    _patch(torch.autograd, "grad", _plain_wrapper("autograd.grad (direct)", grad))
+    _patch(torch.autograd, "backward", _plain_wrapper("autograd.backward (direct)", backward))
     _patch(torch.autograd.Function, "apply", classmethod(apply))
+    _patch(torch, "compile", _compile_wrapper(torch.compile))
     _rebind_imported_names()
 
 

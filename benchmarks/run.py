@@ -350,7 +350,7 @@ def figure_overhead(bench: Bench) -> list[str]:
         "- suite: the contract's tests, pytest's setup+call+teardown (wall) and this process's CPU time from test start "
         "to end, minus the recorder's own bookkeeping "
         f"({spread(totals['bookkeeping'])} in all). in torch calls (run): wall time inside the outermost evaluation "
-        "calls (execute, run_reference, evaluate_spec, gradcheck, gradgradcheck, Function.apply, autograd.grad/backward) "
+        "calls (execute, run_reference, evaluate_spec, gradcheck, gradgradcheck, Function.apply, autograd.grad/backward, a torch.compile-d callable) "
         "during the run, probes included.",
         "- method `replay`: bare = the same evaluations (same Cases, same grad_output tensors, same gradcheck "
         "arguments) replayed once after the run in a plain loop, timed call by call with inputs built beforehand: "

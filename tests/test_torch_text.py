@@ -21,6 +21,7 @@ from conformance.engine.torch_text import (
     gradcheck_not_reentrant,
     gradgradcheck_output_and_input,
     is_once_differentiable_node,
+    modified_saved_tensor,
     raised_by_once_differentiable,
     without_slow_mode_jacobians,
 )
@@ -164,6 +165,18 @@ def test_double_backward_through_once_differentiable() -> None:
         torch.autograd.backward([grad], [torch.ones_like(grad)])
     assert raised_by_once_differentiable(raised.value), str(raised.value)
     assert not raised_by_once_differentiable(RuntimeError("element 0 of tensors does not require grad"))
+
+
+def test_a_saved_tensor_written_in_place_is_recognised_on_the_second_backward() -> None:
+    x = torch.tensor([1.5, -2.0], dtype=torch.float64, requires_grad=True)
+    y = x.exp()  # exp saves its output
+    y.sum().backward(retain_graph=True)
+    with torch.no_grad():
+        y.mul_(2)
+    with pytest.raises(RuntimeError) as raised:
+        y.sum().backward()
+    assert modified_saved_tensor(raised.value), str(raised.value)
+    assert not modified_saved_tensor(RuntimeError("element 0 of tensors does not require grad"))
 
 
 def test_dynamo_refuses_a_function_with_jvp() -> None:

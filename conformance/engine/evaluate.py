@@ -42,7 +42,7 @@ from conformance.engine.harness import (
 from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
 from conformance.engine.probe import Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
-from conformance.engine.torch_text import writes_overlapping_memory
+from conformance.engine.torch_text import modified_saved_tensor, writes_overlapping_memory
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
@@ -279,8 +279,11 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
     dtype and requires_grad subset), raising ``error``. See :data:`conformance.engine.defects.CRASH_OWNER`:
     ``layouts`` when the same values in plain layouts (contiguous inputs and grad_outputs) run --
     ``inplace`` instead when torch refused to write into an expanded tensor, which only the
-    Function's in-place write into its input or grad_output makes; ``contract`` itself when they
-    run and nothing about the layouts differed (what the contract did to the call raised);
+    Function's in-place write into its input or grad_output makes; ``inplace`` when autograd
+    found a saved tensor written since it was saved while one plain call runs (a backward that
+    writes into what it saved fails when the contract runs the graph again: inplace's second
+    backward); ``contract`` itself when they run and nothing about the layouts differed (what the
+    contract did to the call raised);
     ``needs_input_grad`` when the plain call runs with every differentiable input requiring grad;
     else ``return_count`` (a crash on plain inputs)."""
     plain = dataclasses.replace(
@@ -289,6 +292,8 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
         grad_layout="as_drawn",
     )
     if _runs_cleanly(plain):
+        if error is not None and modified_saved_tensor(error):
+            return "inplace"
         strided_grads = case.grad_kind in ("noncontiguous", "expanded") or case.grad_layout != "as_drawn"
         if not (plain != case or strided_grads):
             return contract

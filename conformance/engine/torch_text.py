@@ -24,8 +24,10 @@ __all__ = [
     "gradcheck_not_reentrant",
     "gradgradcheck_output_and_input",
     "is_once_differentiable_node",
+    "modified_saved_tensor",
     "raised_by_once_differentiable",
     "without_slow_mode_jacobians",
+    "writes_overlapping_memory",
 ]
 
 # The torch release whose messages tests/test_torch_text.py checks.
@@ -107,3 +109,10 @@ def writes_overlapping_memory(error: BaseException) -> bool:
     stride-0 tensor): "unsupported operation: more than one element of the written-to tensor
     refers to a single memory location"."""
     return "more than one element of the written-to tensor refers to a single memory location" in str(error)
+
+
+def modified_saved_tensor(error: BaseException) -> bool:
+    """autograd's refusal to run a backward whose saved tensor was written in place since it was
+    saved: "one of the variables needed for gradient computation has been modified by an inplace
+    operation" (a backward that writes into what it saved fails when the graph is run again)."""
+    return "needed for gradient computation has been modified by an inplace operation" in str(error)

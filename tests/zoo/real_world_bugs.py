@@ -34,6 +34,10 @@ realistic mistake. None of them was tuned to the suite.
   itself with ``masked_fill_`` and returns it. On a stride-0 grad_output torch only warns, so the
   write goes through and the gradient is wrong on that layout alone: inplace owns it, layouts is
   blocked by inplace.
+* ``square_scratches_saved_input_bug`` (SquareScratchesSavedInput): y = x * x whose backward
+  reuses the saved x as scratch (``x.mul_(2)``). inplace owns it; gradcheck, which runs the graph
+  backward more than once, meets autograd's "modified by an inplace operation" and is blocked by
+  inplace.
 """
 
 from __future__ import annotations
@@ -424,6 +428,36 @@ register(
     name="relu_masks_grad_output_bug",
     inputs=[Tensor("x", "*batch n")],
     reference=torch.relu,
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+
+# --------------------------------------------------------------------------- y = x * x, saved input as scratch
+
+
+class SquareScratchesSavedInput(torch.autograd.Function):
+    """y = x * x; backward reuses the saved x as scratch (``x.mul_(2)``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        # BUG: writes into the caller's x; a second backward through the graph (gradcheck runs
+        # several) finds the saved x modified and raises.
+        return grad * x.mul_(2)
+
+
+register(
+    SquareScratchesSavedInput,
+    name="square_scratches_saved_input_bug",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * x,
     dtypes=(torch.float64, torch.float32),
     double_backward=False,
 )

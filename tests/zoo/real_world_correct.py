@@ -21,6 +21,7 @@ found in kernel repositories, written correctly. Each has a buggy twin in real_w
   out of place.
 * ``relu_masks_grad_output`` (ReluMasksGradCopy): ReLU whose backward zeroes its own copy of
   grad_output with ``masked_fill_``.
+* ``square_own_scratch`` (SquareOwnScratch): y = x * x whose backward computes 2x out of place.
 """
 
 from __future__ import annotations
@@ -311,6 +312,34 @@ register(
     name="relu_masks_grad_output",
     inputs=[Tensor("x", "*batch n")],
     reference=torch.relu,
+    dtypes=(torch.float64, torch.float32),
+    double_backward=False,
+)
+
+
+# --------------------------------------------------------------------------- y = x * x, scratch of its own
+
+
+class SquareOwnScratch(torch.autograd.Function):
+    """y = x * x; backward computes 2x into a buffer of its own (``x.mul(2)``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * x.mul(2)
+
+
+register(
+    SquareOwnScratch,
+    name="square_own_scratch",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * x,
     dtypes=(torch.float64, torch.float32),
     double_backward=False,
 )

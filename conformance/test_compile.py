@@ -375,6 +375,8 @@ def check_compile(target: Target, data: st.DataObject) -> None:
             _check_backend(target, drawn, backend_name)
     except _NothingToJudge:
         return
+    finally:
+        torch._dynamo.reset()  # the example's graphs and fake tensors go now, not at the next compile test
     target.checked()
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import textwrap
 
 import pytest
+import torch
 
 from conformance.engine.loader import load_impls
+from conformance.plugin.heap import Heap
 from conformance.spec import registered
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
 
@@ -226,3 +229,64 @@ def test_a_process_that_ran_the_suite_skips_the_final_garbage_collection_at_exit
     result = pytester.run(sys.executable, "run_then_exit.py")
     assert "frozen after the run: False exit code: 0" in result.stdout.str(), result.stdout.lines[-20:] + result.stderr.lines
     assert "frozen at exit: True" in result.stdout.str()
+
+
+class _FreezeCounts:
+    """A plugin recording how many objects are frozen while each test runs."""
+
+    def __init__(self) -> None:
+        self.during: dict[str, int] = {}
+
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self.during[item.nodeid] = gc.get_freeze_count()
+
+
+def test_what_outlives_a_functions_tests_is_frozen_during_the_run_and_given_back_after(pytester: pytest.Pytester) -> None:
+    """The session freezes the survivors of a full collection where a new Function's tests begin
+    (conformance.plugin.heap), so the collector's walks skip torch's modules; the run ends with
+    nothing of its own frozen."""
+    assert gc.get_freeze_count() == 0, "another test left objects frozen"
+    counts = _FreezeCounts()
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR / "test_return_count.py"), "--device=cpu", "--max-examples=1", "-k", "square-cpu or sigmoid-cpu",
+        "-p", "no:cacheprovider", plugins=[counts],
+    )
+    assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
+    assert len(counts.during) >= 2, counts.during
+    assert all(frozen > 0 for frozen in counts.during.values()), counts.during
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_heap_leaves_a_process_that_froze_objects_or_stopped_the_collector_as_it_is() -> None:
+    assert gc.get_freeze_count() == 0, "another test left objects frozen"
+    heap = Heap.for_this_process()
+    heap.settle()
+    try:
+        assert gc.get_freeze_count() > 0
+        assert not Heap.for_this_process().owned  # the process froze objects itself: a second session keeps off
+    finally:
+        heap.release()
+    assert gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        off = Heap.for_this_process()
+        off.settle()
+        assert gc.get_freeze_count() == 0 and not off.owned
+    finally:
+        gc.enable()
+
+
+def test_the_compile_contract_keeps_no_graphs_after_its_test(pytester: pytest.Pytester) -> None:
+    """Dynamo's cache holds each example's FX graphs and fake tensors until a reset: the contract
+    resets after its example, so a Function's graphs do not outlive its tests (nor get frozen)."""
+    def graphs() -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.fx.GraphModule) for o in gc.get_objects())
+
+    before = graphs()
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR / "test_compile.py"), "--device=cpu", "--max-examples=1", "-k", "square-cpu",
+        "-p", "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
+    assert graphs() <= before

@@ -51,6 +51,7 @@ from conformance.plugin.collection import (
     rerun_command,
 )
 from conformance.plugin.devices import cuda_findings, cuda_usable, describe_cuda, prepare_devices, triton_mode
+from conformance.plugin.heap import Heap
 from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.plugin.options import RunOptions, check_contract_names, parse_options
 from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo, author_gap_lines
@@ -98,6 +99,8 @@ class ConformanceSession:
         self.author_executed = Executed()
         self.tracer: Tracer | None = None
         self.pool = EvaluationPool()  # evaluations shared by the tests of the Function the run is on
+        self.heap = Heap.for_this_process()
+        self.on_function: tuple[str, str] | None = None  # the (Function, device) the run's tests are on
 
     # ---------------------------------------------------------------- setup
 
@@ -189,12 +192,22 @@ class ConformanceSession:
             config.pluginmanager.register(ForkIsolation(config, self.flight), "autograd-conformance-isolation")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.heap.release()
         if self.user_threads is not None:
             torch.set_num_threads(self.user_threads)
         if self.flight is not None:
             self.flight.close()
         if self.own_flight_dir is not None:
             shutil.rmtree(self.own_flight_dir, ignore_errors=True)
+
+    def enter_function(self, name: str, device: str) -> None:
+        """Where the run's tests move on to another Function or device (the plugin orders them so):
+        the previous one's shared evaluations are dropped and what outlives them is frozen."""
+        if (name, device) == self.on_function:
+            return
+        self.on_function = (name, device)
+        self.pool.clear()
+        self.heap.settle()
 
     def possible_tests(self) -> list[tuple[str, str, str]]:
         """Every (contract, function, device) the registered Functions have, whatever this run selects."""
@@ -496,6 +509,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
             raise pytest.UsageError(f"{node.nodeid} uses {CONTRACT_FIXTURE} but is not a declared @contract test")
     spec, device = test.spec, test.device
     session = request.config.stash[_session_key]
+    session.enter_function(spec.name, device)
     options = session.options
     rerun = rerun_command(session.run_dir, node, options, device)
     if session.flight is not None:

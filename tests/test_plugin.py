@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 import textwrap
 
@@ -267,6 +268,9 @@ def test_the_heap_leaves_a_process_that_froze_objects_or_stopped_the_collector_a
     finally:
         heap.release()
     assert gc.get_freeze_count() == 0
+    forked_child = Heap(owned=True, pid=os.getpid() + 1)  # --isolate's child: one test, then it ends
+    forked_child.settle()
+    assert gc.get_freeze_count() == 0 and not forked_child.frozen
     gc.disable()
     try:
         off = Heap.for_this_process()

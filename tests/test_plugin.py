@@ -7,12 +7,14 @@ import importlib
 import os
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
 
 from conformance.engine.loader import load_impls
 from conformance.plugin.heap import Heap
+from conformance.plugin.session import ConformanceSession
 from conformance.spec import registered
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
 
@@ -233,28 +235,40 @@ def test_a_process_that_ran_the_suite_skips_the_final_garbage_collection_at_exit
 
 
 class _FreezeCounts:
-    """A plugin recording how many objects are frozen while each test runs."""
+    """A plugin recording, while each test runs, how many objects are frozen and how many times
+    the run has called gc.freeze."""
 
     def __init__(self) -> None:
-        self.during: dict[str, int] = {}
+        self.freezes = 0
+        self.during: dict[str, tuple[int, int]] = {}
+
+    def freeze(self) -> None:
+        self.freezes += 1
+        _real_freeze()
 
     def pytest_runtest_call(self, item: pytest.Item) -> None:
-        self.during[item.nodeid] = gc.get_freeze_count()
+        self.during[item.nodeid] = (gc.get_freeze_count(), self.freezes)
 
 
-def test_what_outlives_a_functions_tests_is_frozen_during_the_run_and_given_back_after(pytester: pytest.Pytester) -> None:
+_real_freeze = gc.freeze
+
+
+def test_what_outlives_a_functions_tests_is_frozen_during_the_run_and_given_back_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The session freezes the survivors of a full collection where a new Function's tests begin
-    (conformance.plugin.heap), so the collector's walks skip torch's modules; the run ends with
-    nothing of its own frozen."""
+    (conformance.plugin.heap), once per Function, so the collector's walks skip torch's modules;
+    the run ends with nothing of its own frozen."""
     assert gc.get_freeze_count() == 0, "another test left objects frozen"
     counts = _FreezeCounts()
+    monkeypatch.setattr(gc, "freeze", counts.freeze)
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE_DIR / "test_return_count.py"), "--device=cpu", "--max-examples=1", "-k", "square-cpu or sigmoid-cpu",
-        "-p", "no:cacheprovider", plugins=[counts],
+        str(CONFORMANCE_DIR), "--contracts=return_count,grad_meta", "--device=cpu", "--max-examples=1",
+        "-k", "square-cpu or sigmoid-cpu", "-p", "no:cacheprovider", plugins=[counts],
     )
     assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
-    assert len(counts.during) >= 2, counts.during
-    assert all(frozen > 0 for frozen in counts.during.values()), counts.during
+    assert len(counts.during) == 4 and all(frozen > 0 for frozen, _ in counts.during.values()), counts.during
+    assert [freezes for _, freezes in counts.during.values()] == [1, 1, 2, 2], counts.during  # Function by Function
     assert gc.get_freeze_count() == 0
 
 
@@ -263,21 +277,44 @@ def test_the_heap_leaves_a_process_that_froze_objects_or_stopped_the_collector_a
     heap = Heap.for_this_process()
     heap.settle()
     try:
-        assert gc.get_freeze_count() > 0
-        assert not Heap.for_this_process().owned  # the process froze objects itself: a second session keeps off
+        assert gc.get_freeze_count() > 0 and heap.owned
+        second = Heap.for_this_process()  # something in the process froze objects before this session's first settle
+        second.settle()
+        assert second.owned is False and not second.frozen
     finally:
         heap.release()
     assert gc.get_freeze_count() == 0
-    forked_child = Heap(owned=True, pid=os.getpid() + 1)  # --isolate's child: one test, then it ends
+    forked_child = Heap(pid=os.getpid() + 1)  # --isolate's child: one test, then it ends
     forked_child.settle()
     assert gc.get_freeze_count() == 0 and not forked_child.frozen
     gc.disable()
     try:
         off = Heap.for_this_process()
         off.settle()
-        assert gc.get_freeze_count() == 0 and not off.owned
+        assert gc.get_freeze_count() == 0 and off.owned is False
     finally:
         gc.enable()
+
+
+class _Recorded:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def clear(self) -> None:
+        self.log.append("pool cleared")
+
+    def settle(self) -> None:
+        self.log.append("heap settled")
+
+
+def test_a_new_function_drops_the_shared_evaluations_before_the_heap_settles() -> None:
+    """Evaluations kept for the previous Function would otherwise be frozen, and their autograd
+    graphs (cyclic garbage once dropped) kept until the run ends."""
+    log: list[str] = []
+    session = types.SimpleNamespace(on_function=None, pool=_Recorded(log), heap=_Recorded(log))
+    for name, device in [("square", "cpu"), ("square", "cpu"), ("sigmoid", "cpu"), ("sigmoid", "cuda"), ("sigmoid", "cuda")]:
+        ConformanceSession.enter_function(session, name, device)  # type: ignore[arg-type]
+    assert log == ["pool cleared", "heap settled"] * 3
 
 
 def test_the_compile_contract_keeps_no_graphs_after_its_test(pytester: pytest.Pytester) -> None:
@@ -287,6 +324,7 @@ def test_the_compile_contract_keeps_no_graphs_after_its_test(pytester: pytest.Py
         gc.collect()
         return sum(issubclass(type(o), torch.fx.GraphModule) for o in gc.get_objects())  # type(): no lazy attribute lookups
 
+    torch._dynamo.reset()  # graphs another test of this process left in Dynamo's cache
     before = graphs()
     result = pytester.runpytest_inprocess(
         str(CONFORMANCE_DIR / "test_compile.py"), "--device=cpu", "--max-examples=1", "-k", "square-cpu",

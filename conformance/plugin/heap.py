@@ -31,18 +31,23 @@ __all__ = ["Heap"]
 class Heap:
     """This session's use of :func:`gc.freeze` (see the module docstring)."""
 
-    owned: bool = False  # whether this session may freeze (decided once, when the run starts)
+    pid: int  # the process the session runs in (a forked child's tests leave the heap alone)
+    owned: bool | None = None  # whether this session may freeze: decided at its first settle
     frozen: bool = False  # whether it has frozen anything since
-    pid: int = -1  # the process the session runs in (a forked child's tests leave the heap alone)
 
     @classmethod
     def for_this_process(cls) -> Heap:
-        """A heap the session may freeze, unless the collector is off or the process froze objects itself."""
-        return cls(owned=gc.isenabled() and gc.get_freeze_count() == 0, pid=os.getpid())
+        return cls(pid=os.getpid())
 
     def settle(self) -> None:
-        """Collect, then freeze what survived. The session calls it where a new Function's tests begin."""
-        if not self.owned or os.getpid() != self.pid:
+        """Collect, then freeze what survived. The session calls it where a new Function's tests
+        begin. The first call decides whether this session may freeze at all: not when the
+        collector is off or something in the process (a host, an ``--impl`` module) froze objects."""
+        if os.getpid() != self.pid:
+            return
+        if self.owned is None:
+            self.owned = gc.isenabled() and gc.get_freeze_count() == 0
+        if not self.owned:
             return
         gc.collect()
         gc.freeze()

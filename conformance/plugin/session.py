@@ -20,6 +20,7 @@ import os
 import platform
 import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
@@ -207,6 +208,11 @@ class ConformanceSession:
             return
         self.on_function = (name, device)
         self.pool.clear()
+        # The last failure's traceback (kept for post-mortem debugging) would be frozen with
+        # its frames and tensors; pytest drops it at the next test's call anyway.
+        for name_of_last in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name_of_last):
+                delattr(sys, name_of_last)
         self.heap.settle()
 
     def possible_tests(self) -> list[tuple[str, str, str]]:

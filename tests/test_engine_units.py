@@ -247,6 +247,23 @@ def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:
     assert describe_crash(tmp_path, "gw1") is None  # another process: no record
 
 
+def test_the_flight_record_reads_back_the_last_example_after_a_longer_one(tmp_path: Path) -> None:
+    """Each case drawn overwrites the record in place (padded, not truncated), and each test starts
+    from an empty file: a record left longer by a child forked for an earlier test (--isolate),
+    which this process never saw, must not corrupt it."""
+    recorder = FlightRecorder(tmp_path, "main")
+    try:
+        (tmp_path / "main.json").write_text('{"nodeid": "' + "x" * 5000 + '"}', encoding="utf-8")  # another process's
+        recorder.start_test("conformance/test_reference.py::test_reference[f-cpu]", "reference", "f", "cpu", "pytest ...")
+        recorder.start_example("x: (300,) float64, " + "layout=strided " * 50, 10.0)
+        recorder.start_example("x: (3,) float64", 10.0)
+        crash = describe_crash(tmp_path, "main")
+        assert crash is not None, "the flight record no longer parses"
+        assert (crash.nodeid, crash.case) == ("conformance/test_reference.py::test_reference[f-cpu]", "x: (3,) float64")
+    finally:
+        recorder.close()
+
+
 # ----------------------------------------------------------------------------- provenance
 
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import importlib
 import os
 import sys
 import textwrap
 import types
+from typing import Any
 
 import pytest
 import torch
 
+from conformance.engine import runner
 from conformance.engine.loader import load_impls
 from conformance.plugin.heap import Heap
 from conformance.plugin.session import ConformanceSession
-from conformance.spec import registered
+from conformance.spec import Spec, registered
+from strategies.cases import CaseOptions, cases
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
 
 CORE = "--contracts=return_count,grad_meta,gradcheck"
@@ -270,6 +274,25 @@ def test_what_outlives_a_functions_tests_is_frozen_during_the_run_and_given_back
     assert len(counts.during) == 4 and all(frozen > 0 for frozen, _ in counts.during.values()), counts.during
     assert [freezes for _, freezes in counts.during.values()] == [1, 1, 2, 2], counts.during  # Function by Function
     assert gc.get_freeze_count() == 0
+
+
+def test_a_functions_tests_share_each_case_strategy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis validates a strategy object on its first draw: contracts with equal case options
+    draw from one object per Function and device, made again for the next Function."""
+    made: collections.Counter[tuple[str, str, CaseOptions]] = collections.Counter()
+
+    def counted(spec: Spec, options: CaseOptions, *, device: str) -> Any:
+        made[spec.name, device, options] += 1
+        return cases(spec, options, device=device)
+
+    monkeypatch.setattr(runner, "cases", counted)
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), "--contracts=return_count,undefined_grads,determinism", "--device=cpu",
+        "--max-examples=2", "-k", "square-cpu or sigmoid-cpu", "-p", "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
+    assert {name for name, _, _ in made} == {"square", "sigmoid"}
+    assert max(made.values()) == 1, f"strategies made={dict(made)}, but should be one per options and Function"
 
 
 def test_the_heap_leaves_a_process_that_froze_objects_or_stopped_the_collector_as_it_is() -> None:

@@ -5,9 +5,12 @@ Function, another RNG regime or options, a tensor handed out earlier and written
 from __future__ import annotations
 
 import dataclasses
+import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from conformance.engine.pool import EvaluationPool
@@ -139,6 +142,39 @@ def test_an_evaluation_that_draws_random_numbers_is_not_kept() -> None:
     for _ in range(2):
         _target(spec, pool).execution(_case(spec))
     assert len(CALLS) == 2 and pool.stats.drew == 2 and pool.stats.served == 0, pool.stats
+
+
+DRAWS: dict[str, Callable[[], object]] = {
+    "python random": random.random,
+    "numpy, one value": lambda: np.random.random(),
+    "numpy, a whole key's worth (the key is refilled)": lambda: np.random.random(624),
+    "numpy, reseeded": lambda: np.random.seed(7),
+    "numpy, a first Gaussian": lambda: np.random.randn(),
+    "torch": lambda: torch.rand(1),
+}
+
+
+@pytest.mark.parametrize("draw", DRAWS.values(), ids=DRAWS.keys())
+def test_a_draw_from_any_global_generator_keeps_the_evaluation_out(draw: Callable[[], object]) -> None:
+    """The pool marks where each generator stands, not its whole state: every way of moving one
+    must still change the mark."""
+
+    class DrawsOnce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            CALLS.append("forward")
+            draw()
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad * 2
+
+    spec, pool = _spec(DrawsOnce, name="draws_once"), EvaluationPool()
+    for _ in range(2):
+        np.random.seed(0)  # as each example starts: the same states, no Gaussian cached
+        _target(spec, pool).execution(_case(spec))
+    assert pool.stats.drew == 2 and pool.stats.served == 0, f"pool={pool.stats}, but should be drew=2, served=0"
 
 
 def test_a_scalar_whose_repr_rounds_is_not_shared() -> None:

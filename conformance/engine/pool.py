@@ -12,7 +12,8 @@ An evaluation is shared only where sharing cannot change a verdict:
 * never for a Function declared ``nondeterministic`` (each call draws new numbers), nor for an
   evaluation that drew from a global generator (torch's, Python's or numpy's): every example
   starts from the same generator states, so a served evaluation would leave a later one another
-  state than a fresh one leaves it;
+  state than a fresh one leaves it (numpy's legacy cached second Gaussian aside, see
+  ``_generators``);
 * never for a case whose Scalar values are not plain numbers, strings, dtypes or tuples of them
   (the key is the case's repro text, and a numpy array's repr rounds);
 * each RNG regime its own (``rng``: a contract that evaluates under a fixed seed shares only with
@@ -30,6 +31,8 @@ its own case), so its report names its own case.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -138,18 +141,47 @@ def _plain(value: Any) -> bool:
 
 
 def _generators() -> tuple[Any, ...]:
-    return rng_states(), random.getstate(), np.random.get_state(legacy=False)
+    """Where each global generator stands: equal before and after a call when it drew nothing.
+
+    A Mersenne Twister (Python's, numpy's global one) is marked by its position in its key and
+    the key's first word, which every refill of the key replaces; reading numpy's full state
+    copies it (~50 us, twice per evaluation). Not seen: numpy's legacy cached second Gaussian,
+    served without moving the generator (an odd count of ``np.random.randn`` values after an
+    earlier draw in the same example)."""
+    python = random.getstate()  # (version, key + (position,), cached gauss)
+    return rng_states(), (python[1][-1], python[1][0], python[2]), _numpy_mark()
 
 
 def _same_generators(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
-    torch_before, python_before, numpy_before = before
-    torch_after, python_after, numpy_after = after
-    return bool(
-        torch_before.same_as(torch_after) and python_before == python_after
-        and numpy_before["has_gauss"] == numpy_after["has_gauss"]
-        and numpy_before["state"]["pos"] == numpy_after["state"]["pos"]
-        and np.array_equal(numpy_before["state"]["key"], numpy_after["state"]["key"])
+    torch_before, *others_before = before
+    torch_after, *others_after = after
+    return bool(torch_before.same_as(torch_after) and others_before == others_after)
+
+
+_MT19937_KEY_WORDS = 624  # numpy's mt19937_state_t: uint32_t key[624], then int pos
+
+
+def _numpy_mark() -> tuple[Any, ...]:
+    generator = np.random.mtrand.get_bit_generator()
+    address = _mt19937_address(generator)
+    if address is None:  # another bit generator, or a layout this numpy does not have: its whole state
+        return (repr(generator.state),)
+    return (
+        ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value,
+        ctypes.c_uint32.from_address(address).value,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _mt19937_address(generator: Any) -> int | None:
+    """The address of an MT19937's state, once its layout is confirmed against ``.state``."""
+    if not isinstance(generator, np.random.MT19937):
+        return None
+    address = int(generator.ctypes.state_address)
+    state = generator.state["state"]
+    position = ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value
+    first = ctypes.c_uint32.from_address(address).value
+    return address if (position, first) == (int(state["pos"]), int(state["key"][0])) else None
 
 
 def _tensors(execution: Execution) -> list[torch.Tensor]:

@@ -287,7 +287,6 @@ class Target:
         if self.corner is not None and (self.corner_pending or cornered):
             chosen = chosen.replace(corner=self.corner)  # an example's first case only: compile grows later ones
             self.corner_pending = False
-        self._blocked_by_a_hang()
         strategy = self.case_strategies.get(chosen)
         if strategy is None:  # one per options: Hypothesis validates a new strategy object on its first draw
             strategy = self.case_strategies[chosen] = cases(self.spec, chosen, device=self.device)
@@ -391,16 +390,20 @@ class Target:
                 raise aborted.failure from None
             self._require_checked()
             return
-        test_seed = example_seed(self.options.seed, self.spec.name, self.contract, self.device)
         base_settings = self.options.hypothesis_settings()
+        test = seed(example_seed(self.options.seed, self.spec.name, self.contract, self.device))(
+            given(data=st.data())(property_)
+        )
+        # No example database: without a key Hypothesis hashes the property's source on every
+        # run (~4 ms, a tenth of the main job's CPU at one run per corner).
+        test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
 
         def run_phase(corner: Corner | None, examples: int) -> None:
             self.corner = corner
-            test = seed(test_seed)(given(data=st.data())(property_))
-            # No example database: without a key Hypothesis hashes the property's source on
-            # every run (~4 ms, a tenth of the main job's CPU at one run per corner).
-            test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
-            settings(base_settings, max_examples=examples)(test)()
+            # One @given wrapper for all runs of this test, each with its own count: what the
+            # settings decorator sets, set again (it refuses a second; ~0.1 ms a run).
+            test._hypothesis_internal_use_settings = settings(base_settings, max_examples=examples)  # type: ignore[attr-defined]
+            test()
 
         try:
             phases = self._phases(max_examples)
@@ -554,6 +557,7 @@ class Target:
             self.last_draws = recorder.draws
             stack_file = self.flight.stack_file if self.flight is not None else None
             try:
+                self._blocked_by_a_hang()  # once per example: a read of the run's hang notes
                 # Whatever torch's global state is when the example starts (a spec module may
                 # have turned grad mode off at import), it runs under the pinned defaults.
                 with example_deadline(self.example_timeout, phase=phase, stack_file=stack_file) as interrupts:

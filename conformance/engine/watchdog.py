@@ -225,23 +225,30 @@ class FlightRecorder:
         self.stack_path = directory / f"{name}.stack"
         self._record_fd = os.open(self.record_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self.stack_file: IO[str] = open(self.stack_path, "w+", encoding="utf-8")  # kept open: faulthandler writes to it
-        self._test: dict[str, Any] = {}
+        self._test_json = "{"
+        self._written = 0
 
     def catch_fatal_signals(self) -> None:
         """Send faulthandler's fatal-signal dumps (segfault, abort) to the stack file."""
         faulthandler.enable(file=self.stack_file, all_threads=True)
 
     def start_test(self, nodeid: str, contract: str, function: str, device: str, rerun: str) -> None:
-        self._test = {"nodeid": nodeid, "contract": contract, "function": function, "device": device, "rerun": rerun}
+        test = {"nodeid": nodeid, "contract": contract, "function": function, "device": device, "rerun": rerun}
+        self._test_json = json.dumps(test)[:-1] + ", "  # encoded once per test, completed per case
         self.stack_file.seek(0)
         self.stack_file.truncate()
         self.stack_file.flush()
-        self._write({**self._test, "case": "", "started": time.time(), "deadline": None})
+        # Truncated once per test: a child forked for an earlier one (--isolate) may have left a
+        # longer record than this process knows of.
+        os.ftruncate(self._record_fd, 0)
+        self._written = 0
+        self.start_example("", None)
 
     def start_example(self, case: str, timeout: float | None) -> None:
         now = time.time()
         deadline = now + timeout if timeout is not None else None
-        self._write({**self._test, "case": case, "started": now, "deadline": deadline})
+        example = json.dumps({"case": case, "started": now, "deadline": deadline})
+        self._write(f"{self._test_json}{example[1:]}".encode())
 
     def record_hang(self, function: str, device: str, contract: str, summary: str, case: str) -> None:
         record_hang(self.record_path.parent, function, device, contract, summary, case)
@@ -249,10 +256,11 @@ class FlightRecorder:
     def hang_of(self, function: str, device: str) -> tuple[str, str, str] | None:
         return hang_in(self.record_path.parent, function, device)
 
-    def _write(self, record: dict[str, Any]) -> None:
-        data = json.dumps(record).encode()
-        os.ftruncate(self._record_fd, 0)
-        os.pwrite(self._record_fd, data, 0)
+    def _write(self, data: bytes) -> None:
+        # Padded with spaces over a longer earlier record of this test (still one JSON document):
+        # one system call per case drawn, not a truncate and a write.
+        os.pwrite(self._record_fd, data.ljust(self._written), 0)
+        self._written = max(self._written, len(data))
 
     def close(self) -> None:
         os.close(self._record_fd)

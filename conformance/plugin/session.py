@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis.strategies import SearchStrategy
 
 from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionValue
 from conformance.engine.author_code import Executed, Region, Tracer, regions_of
@@ -59,6 +60,7 @@ from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, R
 from conformance.plugin.reports import write_reports
 from conformance.spec import Spec, SpecError
 from strategies import CaseOptions
+from strategies.cases import Case
 from strategies.coverage import coverage_corners, describe_coverage
 
 __all__ = ["ConformanceSession", "activate", "cell_of", "make_target"]
@@ -100,6 +102,8 @@ class ConformanceSession:
         self.author_executed = Executed()
         self.tracer: Tracer | None = None
         self.pool = EvaluationPool()  # evaluations shared by the tests of the Function the run is on
+        # Their case strategies too: Hypothesis validates a strategy object on its first draw.
+        self.case_strategies: dict[CaseOptions, SearchStrategy[Case]] = {}
         self.heap = Heap.for_this_process()
         self.on_function: tuple[str, str] | None = None  # the (Function, device) the run's tests are on
 
@@ -208,6 +212,7 @@ class ConformanceSession:
             return
         self.on_function = (name, device)
         self.pool.clear()
+        self.case_strategies = {}
         # The last failure's traceback (kept for post-mortem debugging) would be frozen with
         # its frames and tensors; pytest drops it at the next test's call anyway.
         for name_of_last in ("last_type", "last_value", "last_traceback", "last_exc"):
@@ -536,6 +541,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         dtype_expectations=node.stash.get(dtype_expectations_key, ()),
         strict_expectations=session.expectations is not None and session.expectations.strict,
         pool=session.pool,
+        case_strategies=session.case_strategies,
     )
     if device == "cuda" and not cuda_usable():
         target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")

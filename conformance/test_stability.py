@@ -39,6 +39,7 @@ from conformance.engine.runner import Target
 from conformance.spec import Spec
 from strategies.cases import Case, CaseOptions
 from strategies.recipes import MaskRecipe, TensorRecipe
+from strategies.reuse import sampled
 from strategies.values import MASK_KINDS
 
 FAMILIES = ("extreme", "degenerate", "single")
@@ -130,7 +131,7 @@ def one_extreme(case: Case, data: st.DataObject) -> Case:
     tensors = [i for i, r in enumerate(case.recipes) if isinstance(r, TensorRecipe)]
     if not tensors:
         return case
-    keep = data.draw(st.sampled_from(tensors), label="extreme input")
+    keep = data.draw(sampled(tuple(tensors)), label="extreme input")
     limit = FLOAT64_MAX_SCALE if case.dtype == torch.float64 else math.inf
     recipes = tuple(
         replace(r, scale=min(r.scale, limit) if i == keep else min(r.scale, 1.0))

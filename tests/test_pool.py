@@ -144,20 +144,35 @@ def test_an_evaluation_that_draws_random_numbers_is_not_kept() -> None:
     assert len(CALLS) == 2 and pool.stats.drew == 2 and pool.stats.served == 0, pool.stats
 
 
-DRAWS: dict[str, Callable[[], object]] = {
-    "python random": random.random,
-    "numpy, one value": lambda: np.random.random(),
-    "numpy, a whole key's worth (the key is refilled)": lambda: np.random.random(624),
-    "numpy, reseeded": lambda: np.random.seed(7),
-    "numpy, a first Gaussian": lambda: np.random.randn(),
-    "torch": lambda: torch.rand(1),
+FRESH_PYTHON_STATE = random.Random(0).getstate()
+
+
+def _cache_a_gaussian() -> None:
+    np.random.randn()  # draws a pair: the second is kept for the next call
+
+
+DRAWS: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+    # (what the example did before the evaluation, what the Function does in it)
+    "python random": (lambda: None, random.random),
+    "python, reseeded": (lambda: None, lambda: random.seed(42)),
+    "numpy, one value": (lambda: None, lambda: np.random.random()),
+    "numpy, a whole key's worth (the key is refilled)": (lambda: None, lambda: np.random.random(312)),
+    "numpy, reseeded": (lambda: None, lambda: np.random.seed(7)),
+    "numpy, reseeded from an array": (lambda: None, lambda: np.random.seed([1, 2, 3])),
+    "numpy, reseeded from an array after another": (lambda: np.random.seed([4, 5]), lambda: np.random.seed([1, 2, 3])),
+    "numpy, a first Gaussian": (lambda: None, lambda: np.random.randn()),
+    "numpy, a cached second Gaussian": (_cache_a_gaussian, lambda: np.random.randn()),
+    "numpy, a value after a draw": (lambda: np.random.random(5), lambda: np.random.random()),
+    "torch": (lambda: None, lambda: torch.rand(1)),
 }
 
 
-@pytest.mark.parametrize("draw", DRAWS.values(), ids=DRAWS.keys())
-def test_a_draw_from_any_global_generator_keeps_the_evaluation_out(draw: Callable[[], object]) -> None:
-    """The pool marks where each generator stands, not its whole state: every way of moving one
-    must still change the mark."""
+@pytest.mark.parametrize("before, draw", DRAWS.values(), ids=DRAWS.keys())
+def test_a_draw_from_any_global_generator_keeps_the_evaluation_out(
+    before: Callable[[], object], draw: Callable[[], object]
+) -> None:
+    """The pool reads numpy's whole state only once it has been drawn from since its seeding:
+    every way of moving a generator must still count as a draw."""
 
     class DrawsOnce(torch.autograd.Function):
         @staticmethod
@@ -172,7 +187,9 @@ def test_a_draw_from_any_global_generator_keeps_the_evaluation_out(draw: Callabl
 
     spec, pool = _spec(DrawsOnce, name="draws_once"), EvaluationPool()
     for _ in range(2):
-        np.random.seed(0)  # as each example starts: the same states, no Gaussian cached
+        random.setstate(FRESH_PYTHON_STATE)  # as Hypothesis starts each example
+        np.random.seed(0)
+        before()
         _target(spec, pool).execution(_case(spec))
     assert pool.stats.drew == 2 and pool.stats.served == 0, f"pool={pool.stats}, but should be drew=2, served=0"
 

@@ -12,8 +12,7 @@ An evaluation is shared only where sharing cannot change a verdict:
 * never for a Function declared ``nondeterministic`` (each call draws new numbers), nor for an
   evaluation that drew from a global generator (torch's, Python's or numpy's): every example
   starts from the same generator states, so a served evaluation would leave a later one another
-  state than a fresh one leaves it (numpy's legacy cached second Gaussian aside, see
-  ``_generators``);
+  state than a fresh one leaves it (two corner cases of numpy's aside, see ``_generators``);
 * never for a case whose Scalar values are not plain numbers, strings, dtypes or tuples of them
   (the key is the case's repro text, and a numpy array's repr rounds);
 * each RNG regime its own (``rng``: a contract that evaluates under a fixed seed shares only with
@@ -143,13 +142,11 @@ def _plain(value: Any) -> bool:
 def _generators() -> tuple[Any, ...]:
     """Where each global generator stands: equal before and after a call when it drew nothing.
 
-    A Mersenne Twister (Python's, numpy's global one) is marked by its position in its key and
-    the key's first word, which every refill of the key replaces; reading numpy's full state
-    copies it (~50 us, twice per evaluation). Not seen: numpy's legacy cached second Gaussian,
-    served without moving the generator (an odd count of ``np.random.randn`` values after an
-    earlier draw in the same example)."""
-    python = random.getstate()  # (version, key + (position,), cached gauss)
-    return rng_states(), (python[1][-1], python[1][0], python[2]), _numpy_mark()
+    Python's state is compared whole. numpy's is copied (~50 us) only once it has been drawn from
+    since its seeding: until then (every example starts freshly seeded) no Gaussian can be cached,
+    and its position and first two key words tell a draw or a reseeding apart. Not seen: a cached
+    Gaussian left exactly at the end of a key block (a draw of a whole multiple of 624 words)."""
+    return rng_states(), random.getstate(), _numpy_mark()
 
 
 def _same_generators(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
@@ -162,14 +159,15 @@ _MT19937_KEY_WORDS = 624  # numpy's mt19937_state_t: uint32_t key[624], then int
 
 
 def _numpy_mark() -> tuple[Any, ...]:
-    generator = np.random.mtrand.get_bit_generator()
-    address = _mt19937_address(generator)
-    if address is None:  # another bit generator, or a layout this numpy does not have: its whole state
-        return (repr(generator.state),)
-    return (
-        ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value,
-        ctypes.c_uint32.from_address(address).value,
-    )
+    address = _mt19937_address(np.random.mtrand.get_bit_generator())
+    if address is not None:
+        position = ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value
+        if position == _MT19937_KEY_WORDS:  # not drawn from since its seeding (or at a block's end)
+            first, second = (ctypes.c_uint32 * 2).from_address(address)
+            return position, first, second
+    state = np.random.get_state(legacy=False)  # another bit generator, or drawn from: all of it
+    inner = state["state"]
+    return state["has_gauss"], state["gauss"], repr({k: v.tobytes() if isinstance(v, np.ndarray) else v for k, v in inner.items()})
 
 
 @functools.lru_cache(maxsize=8)

@@ -267,7 +267,7 @@ class FlightRecorder:
         self.stack_file.close()
 
 
-@functools.lru_cache(maxsize=1024)  # asked before every case a contract draws
+@functools.lru_cache(maxsize=1024)  # asked before every example
 def _hang_path(directory: Path, function: str, device: str) -> Path:
     digest = hashlib.sha256(f"{function}|{device}".encode()).hexdigest()[:24]
     return directory / "hangs" / f"{digest}.json"

@@ -171,8 +171,9 @@ DRAWS: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
 def test_a_draw_from_any_global_generator_keeps_the_evaluation_out(
     before: Callable[[], object], draw: Callable[[], object]
 ) -> None:
-    """The pool reads numpy's whole state only once it has been drawn from since its seeding:
-    every way of moving a generator must still count as a draw."""
+    """Every way of moving a global generator counts as a draw: a cheaper mark of where a
+    generator stands (its position and first key word) would miss the reseeds and the cached
+    Gaussian."""
 
     class DrawsOnce(torch.autograd.Function):
         @staticmethod

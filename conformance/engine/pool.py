@@ -12,7 +12,7 @@ An evaluation is shared only where sharing cannot change a verdict:
 * never for a Function declared ``nondeterministic`` (each call draws new numbers), nor for an
   evaluation that drew from a global generator (torch's, Python's or numpy's): every example
   starts from the same generator states, so a served evaluation would leave a later one another
-  state than a fresh one leaves it (two corner cases of numpy's aside, see ``_generators``);
+  state than a fresh one leaves it;
 * never for a case whose Scalar values are not plain numbers, strings, dtypes or tuples of them
   (the key is the case's repro text, and a numpy array's repr rounds);
 * each RNG regime its own (``rng``: a contract that evaluates under a fixed seed shares only with
@@ -30,8 +30,6 @@ its own case), so its report names its own case.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -140,46 +138,18 @@ def _plain(value: Any) -> bool:
 
 
 def _generators() -> tuple[Any, ...]:
-    """Where each global generator stands: equal before and after a call when it drew nothing.
-
-    Python's state is compared whole. numpy's is copied (~50 us) only once it has been drawn from
-    since its seeding: until then (every example starts freshly seeded) no Gaussian can be cached,
-    and its position and first two key words tell a draw or a reseeding apart. Not seen: a cached
-    Gaussian left exactly at the end of a key block (a draw of a whole multiple of 624 words)."""
-    return rng_states(), random.getstate(), _numpy_mark()
+    return rng_states(), random.getstate(), np.random.get_state(legacy=False)
 
 
 def _same_generators(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
-    torch_before, *others_before = before
-    torch_after, *others_after = after
-    return bool(torch_before.same_as(torch_after) and others_before == others_after)
-
-
-_MT19937_KEY_WORDS = 624  # numpy's mt19937_state_t: uint32_t key[624], then int pos
-
-
-def _numpy_mark() -> tuple[Any, ...]:
-    address = _mt19937_address(np.random.mtrand.get_bit_generator())
-    if address is not None:
-        position = ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value
-        if position == _MT19937_KEY_WORDS:  # not drawn from since its seeding (or at a block's end)
-            first, second = (ctypes.c_uint32 * 2).from_address(address)
-            return position, first, second
-    state = np.random.get_state(legacy=False)  # another bit generator, or drawn from: all of it
-    inner = state["state"]
-    return state["has_gauss"], state["gauss"], repr({k: v.tobytes() if isinstance(v, np.ndarray) else v for k, v in inner.items()})
-
-
-@functools.lru_cache(maxsize=8)
-def _mt19937_address(generator: Any) -> int | None:
-    """The address of an MT19937's state, once its layout is confirmed against ``.state``."""
-    if not isinstance(generator, np.random.MT19937):
-        return None
-    address = int(generator.ctypes.state_address)
-    state = generator.state["state"]
-    position = ctypes.c_int.from_address(address + 4 * _MT19937_KEY_WORDS).value
-    first = ctypes.c_uint32.from_address(address).value
-    return address if (position, first) == (int(state["pos"]), int(state["key"][0])) else None
+    torch_before, python_before, numpy_before = before
+    torch_after, python_after, numpy_after = after
+    return bool(
+        torch_before.same_as(torch_after) and python_before == python_after
+        and numpy_before["has_gauss"] == numpy_after["has_gauss"]
+        and numpy_before["state"]["pos"] == numpy_after["state"]["pos"]
+        and np.array_equal(numpy_before["state"]["key"], numpy_after["state"]["key"])
+    )
 
 
 def _tensors(execution: Execution) -> list[torch.Tensor]:

@@ -47,6 +47,7 @@ from conformance.engine.evaluate import crash_owner, execute
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
+from conformance.engine.literals import PackageLiterals, drawing_from, package_of, snapshot
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
     ContractFailure,
@@ -156,6 +157,9 @@ class Target:
     corner_pending: bool = field(default=False, repr=False)
     case_strategies: dict[CaseOptions, st.SearchStrategy[Case]] = field(default_factory=dict, repr=False)
     pool: EvaluationPool | None = field(default=None, repr=False)  # evaluations shared with this Function's other tests
+    # The constants Hypothesis mixes into the draws (see conformance.engine.literals): the
+    # session's, taken when the run started; else taken when this test runs.
+    literals: PackageLiterals | None = field(default=None, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -405,15 +409,18 @@ class Target:
             test._hypothesis_internal_use_settings = settings(base_settings, max_examples=examples)  # type: ignore[attr-defined]
             test()
 
+        if self.literals is None:
+            package = package_of(self.spec)
+            self.literals = snapshot([package])[package]
         try:
-            phases = self._phases(max_examples)
-            for corner, examples in phases:
-                try:
-                    run_phase(corner, examples)
-                except ContractFailure as at_corner:
-                    if corner is None or isinstance(at_corner, UpstreamFailure):
-                        raise
-                    raise self._at_smaller_sizes(run_phase, corner, at_corner) from None
+            with drawing_from(self.literals):
+                for corner, examples in self._phases(max_examples):
+                    try:
+                        run_phase(corner, examples)
+                    except ContractFailure as at_corner:
+                        if corner is None or isinstance(at_corner, UpstreamFailure):
+                            raise
+                        raise self._at_smaller_sizes(run_phase, corner, at_corner) from None
         except Blocked as blocked:
             self.skip_blocked(blocked)
         except UpstreamFailure as found:

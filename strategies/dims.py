@@ -13,7 +13,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import array_shapes
 
 from conformance.spec.dims import DimRule, check_blocks, dim_bounds
-from strategies.reuse import reused
+from strategies.reuse import reused, sampled
 
 __all__ = ["BLOCK_SIZES", "DimRule", "batch_shapes", "broadcast_forms", "dim_sizes", "sizes", "sizes_near_blocks"]
 
@@ -36,7 +36,7 @@ def sizes_near_blocks(*, block_sizes: Sequence[int] = (16, 32)) -> st.SearchStra
     Shrinks towards the first block's ``block - 1``. Example: ``sizes_near_blocks().example() -> 33``.
     """
     blocks = check_blocks(block_sizes, allow_empty=False)
-    return st.sampled_from([size for b in blocks for size in (b - 1, b, b + 1)])
+    return sampled(tuple(size for b in blocks for size in (b - 1, b, b + 1)))
 
 
 @st.composite

@@ -13,6 +13,8 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from strategies.reuse import sampled
+
 __all__ = ["GRAD_LAYOUTS", "LAYOUTS", "apply_grad_layout", "apply_layout", "layouts"]
 
 
@@ -86,7 +88,7 @@ def layouts(*, kinds: Sequence[str] = LAYOUTS, ndim: int | None = None, allow_ex
     chosen = [k for k in given if (allow_expanded or k != "expanded") and (ndim is None or _layout_applies(k, ndim))]
     if not chosen:
         raise InvalidArgument(f"no layout left from kinds={list(given)!r} with ndim={ndim!r}, allow_expanded={allow_expanded!r}")
-    return st.sampled_from(chosen)
+    return sampled(tuple(chosen))
 
 
 def _layout_applies(layout: str, ndim: int) -> bool:

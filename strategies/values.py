@@ -19,6 +19,8 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from strategies.reuse import sampled
+
 __all__ = [
     "DOMAINS",
     "GRAD_OUTPUT_KINDS",
@@ -73,7 +75,7 @@ def magnitudes(*, dtype: torch.dtype = torch.float32, extreme: bool = False) -> 
     """
     if not dtype.is_floating_point:
         raise InvalidArgument(f"dtype={dtype!r} must be a floating-point dtype")
-    ordinary = st.sampled_from([1.0, 0.5, 2.0, 1e-2, 10.0])
+    ordinary = sampled((1.0, 0.5, 2.0, 1e-2, 10.0))
     if not extreme:
         return ordinary
     finfo = torch.finfo(dtype)
@@ -81,7 +83,7 @@ def magnitudes(*, dtype: torch.dtype = torch.float32, extreme: bool = False) -> 
     top = finfo.max / 64
     extremes = [s for s in (1e2, 1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e100, 1e300) if s <= top]
     tiny = [s for s in (1e-4, finfo.tiny * 1e3) if s > finfo.tiny]
-    return st.sampled_from([1.0, *extremes, *tiny])
+    return sampled((1.0, *extremes, *tiny))
 
 
 def _check_domain(domain: Domain) -> None:
@@ -389,12 +391,12 @@ def mask_densities() -> st.SearchStrategy[float]:
 
     Shrinks towards 0.7. Example: ``mask_densities().example() -> 0.05``.
     """
-    return st.sampled_from([0.7, 0.3, 0.9, 0.05])
+    return sampled((0.7, 0.3, 0.9, 0.05))
 
 
 @st.composite
 def _masks(draw: st.DrawFn, shape: tuple[int, ...], kinds: tuple[str, ...], device: str) -> torch.Tensor:
-    kind = draw(st.sampled_from(kinds), label="mask kind")
+    kind = draw(sampled(kinds), label="mask kind")
     seed = draw(value_seeds(), label="mask seed")
     density = draw(mask_densities(), label="mask density") if kind in ("random", "masked_rows") else 0.7
     return mask_from_seed(shape, seed=seed, kind=kind, density=density, device=device)
@@ -438,7 +440,7 @@ def additive_mask_from_seed(
 def _additive_masks(
     draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype, kinds: tuple[str, ...], device: str
 ) -> torch.Tensor:
-    kind = draw(st.sampled_from(kinds), label="mask kind")
+    kind = draw(sampled(kinds), label="mask kind")
     seed = draw(value_seeds(), label="mask seed")
     density = draw(mask_densities(), label="mask density") if kind in ("random", "masked_rows") else 0.7
     return additive_mask_from_seed(shape, dtype, seed=seed, kind=kind, density=density, device=device)
@@ -469,7 +471,7 @@ def additive_masks(
 def _grad_outputs(
     draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype, kinds: tuple[str, ...], device: str
 ) -> torch.Tensor:
-    kind = draw(st.sampled_from(kinds), label="grad_output kind")
+    kind = draw(sampled(kinds), label="grad_output kind")
     seed = draw(value_seeds(), label="grad_output seed")
     scale = draw(magnitudes(dtype=dtype), label="grad_output scale") if kind == "scaled" else 1.0
     return grad_output_from_seed(shape, dtype, seed=seed, kind=kind, scale=scale, device=device)
@@ -511,7 +513,7 @@ def _tensors(
 ) -> torch.Tensor:
     seed = draw(value_seeds(), label="seed")
     scale = draw(magnitudes(dtype=dtype, extreme=extreme), label="scale") if domain in ("real", "positive", "nonzero") else 1.0
-    pattern = draw(st.sampled_from(patterns), label="pattern")
+    pattern = draw(sampled(patterns), label="pattern")
     constant = constant_rows and draw(st.booleans(), label="constant rows")
     return tensor_from_seed(shape, dtype, seed=seed, domain=domain, scale=scale, device=device, constant_rows=constant, pattern=pattern)
 

@@ -3,10 +3,12 @@ messages and repro scripts as ``pytest conformance --impl=`` on the same seed, u
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +203,36 @@ def test_a_call_that_checks_nothing_or_hides_a_defect_does_not_pass(clean_regist
     with pytest.raises(conformance.ConformanceFailure) as raised:
         conformance.check(_TwoGrads, contracts=["grad_meta"], **spec)  # return_count owns it, and is not run
     assert "blocked by return_count" in str(raised.value) and "add 'return_count' to contracts=" in str(raised.value)
+
+
+SCRIPT_CHECK = textwrap.dedent(
+    """
+    import torch
+    import conformance
+    from conformance import Tensor
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    result = conformance.check(Double, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x, device="cpu",
+                               contracts=["grad_meta"], max_examples=1)
+    print("passed" if result.passed else result)
+    """
+)
+
+
+def test_check_from_a_script_leaves_no_hypothesis_folder_where_it_runs(tmp_path: Path) -> None:
+    """Hypothesis' caches, the constants of the script's own source among them, go to a
+    temporary folder: a script's folder stays as it was."""
+    (tmp_path / "check_double.py").write_text(SCRIPT_CHECK)
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    done = subprocess.run([sys.executable, "check_double.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("passed"), done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_double.py"]

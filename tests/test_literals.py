@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 
 from conformance.engine import literals as literals_module
-from conformance.engine.literals import HOOKED, drawing_from, package_of, snapshot
+from conformance.engine.literals import HOOKED, drawing_from, snapshot
 from conformance.engine.runner import RunOptions, Target
 from conformance.spec import Tensor
 from tests.strategies.helpers import make_spec
@@ -49,33 +49,77 @@ def test_the_installed_hypothesis_is_hooked() -> None:
     assert callable(providers._get_local_constants) and hasattr(providers.CONSTANTS_CACHE, "cache")
 
 
-def test_a_snapshot_holds_the_package_literals_and_nothing_else(packages: Path) -> None:
-    _write(packages, "kernelpkg/__init__.py", "from kernelpkg import ops\n")
-    _write(packages, "kernelpkg/ops.py", "from kernelpkg.blocks import BLOCK\nWIDTH = 8191\n")
-    _write(packages, "kernelpkg/blocks.py", "BLOCK = 4093\nMODES = ('zeta', 'alpha', 'kappa', 'beta', 'omega', 'delta')\n")
+KERNEL_FUNCTION = """
+import torch
+from kernelpkg.blocks import BLOCK, launch
+from kernelpkg import configs
+import helpers_elsewhere
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return launch(x) * 8191
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 8191
+"""
+
+
+def _spec_of(module_name: str, origin: str) -> Any:
+    function = importlib.import_module(module_name).Scale
+    return dataclasses.replace(make_spec([Tensor("x", "n")], name=f"scale_{origin}"), fn=function, origin=origin)
+
+
+def test_a_snapshot_holds_the_literals_of_the_functions_own_code(packages: Path) -> None:
+    _write(packages, "kernelpkg/__init__.py", "")
+    _write(packages, "kernelpkg/ops.py", KERNEL_FUNCTION)
+    _write(packages, "kernelpkg/blocks.py", "from helpers_kernel import launch\nBLOCK = 4093\nMODES = ('zeta', 'alpha', 'kappa', 'beta', 'omega', 'delta')\n")
+    _write(packages, "kernelpkg/configs.py", "WARPS = 6151\n")
+    _write(packages, "kernelpkg/unused.py", "UNUSED = 2039\n")
+    _write(packages, "helpers_kernel.py", "def launch(x):\n    return x * 3023\n")
+    _write(packages, "helpers_elsewhere.py", "import test_helpers_checks\nNEAR = 1019\n")
+    _write(packages, "test_helpers_checks.py", "CHECKED = 5003\n")
+    _write(packages, "registering.py", "from kernelpkg.ops import Scale\nREGISTERED = 7001\n")
     _write(packages, "elsewhere.py", "OTHER = 3067\n")
-    importlib.import_module("kernelpkg")
-    importlib.import_module("elsewhere")
+    for name in ("kernelpkg.unused", "elsewhere"):  # loaded, but nothing of the Function's names them
+        importlib.import_module(name)
 
-    book = snapshot(["kernelpkg", "conformance"])
-    kernels = book["kernelpkg"]
-    assert kernels.modules == ("kernelpkg", "kernelpkg.blocks", "kernelpkg.ops")
-    assert {4093, 8191} <= set(kernels.constants.integers)
-    assert 3067 not in kernels.constants.integers  # another package's
+    spec = _spec_of("registering", origin="registering")
+    assert spec.op.module == "kernelpkg.ops"
+    literals = snapshot([spec])[spec.name]
+    assert literals.modules == (
+        "helpers_elsewhere", "helpers_kernel", "kernelpkg", "kernelpkg.blocks", "kernelpkg.configs", "kernelpkg.ops",
+        "registering",
+    )  # reached by import statements, a class, a function imported from another module; not a test file
+    integers = set(literals.constants.integers)
+    assert {7001, 8191, 4093, 6151, 3023, 1019} <= integers
+    assert not integers & {2039, 3067, 5003}
     # in a fixed order, not one PYTHONHASHSEED picks
-    assert {"zeta", "alpha", "delta"} <= set(kernels.constants.strings)
-    assert list(kernels.constants.strings) == sorted(kernels.constants.strings)
-    assert book["conformance"].modules == ()  # the suite's own literals are not the target's
-    assert not book["conformance"].constants.integers
+    assert {"zeta", "alpha", "delta"} <= set(literals.constants.strings)
+    assert list(literals.constants.strings) == sorted(literals.constants.strings)
+    # the suite's own modules are never the Function's code
+    assert not [name for name in literals.modules if name.partition(".")[0] in ("conformance", "strategies")]
 
-    spec = dataclasses.replace(make_spec([Tensor("x", "n")]), origin="kernelpkg.ops")
-    assert package_of(spec) == "kernelpkg"
+
+def test_specs_with_the_same_code_share_their_literals(packages: Path) -> None:
+    _write(packages, "sharedpkg/__init__.py", "")
+    _write(packages, "sharedpkg/ops.py", KERNEL_FUNCTION.replace("kernelpkg", "sharedpkg"))
+    _write(packages, "sharedpkg/blocks.py", "BLOCK = 4093\ndef launch(x):\n    return x\n")
+    _write(packages, "sharedpkg/configs.py", "")
+    _write(packages, "helpers_elsewhere.py", "NEAR = 1019\n")
+    first, second = _spec_of("sharedpkg.ops", origin="sharedpkg.ops"), _spec_of("sharedpkg.ops", origin="sharedpkg.ops")
+    second = dataclasses.replace(second, name="scale_again")
+    book = snapshot([first, second])
+    assert book[first.name] is book[second.name]
 
 
 def test_drawing_from_swaps_the_constants_for_the_block_only(packages: Path) -> None:
     _write(packages, "swapped.py", "LIMIT = 7919\n")
     importlib.import_module("swapped")
-    literals = snapshot(["swapped"])["swapped"]
+    spec = dataclasses.replace(make_spec([Tensor("x", "n")]), origin="swapped")
+    literals = snapshot([spec])[spec.name]
+    assert 7919 in literals.constants.integers
     original, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
     with drawing_from(literals):
         assert providers._get_local_constants() is literals.constants
@@ -109,7 +153,7 @@ def test_a_module_imported_mid_run_leaves_the_draws_alone(packages: Path, monkey
     _write(packages, "blockpkg/__init__.py", "BLOCK = 524287\n")
     importlib.import_module("blockpkg")
     spec = dataclasses.replace(make_spec([Tensor("x", "n")]), origin="blockpkg")
-    literals = snapshot(["blockpkg"])["blockpkg"]
+    literals = snapshot([spec])[spec.name]
 
     fixed_before = _draws(spec, literals, monkeypatch)
     own_before = _draws(spec, literals, monkeypatch, hooked=False)

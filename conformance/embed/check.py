@@ -32,7 +32,7 @@ from _pytest.outcomes import OutcomeException
 
 from autograd_conformance_plugin import PROFILES
 from conformance.engine.contract import ContractInfo, admit, discover
-from conformance.engine.literals import PackageLiterals, package_of, snapshot
+from conformance.engine.literals import Literals, snapshot
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
@@ -205,8 +205,8 @@ def check(
     chosen = _chosen_contracts(known, contracts, skip_contracts)
     found: dict[tuple[int, int, int], ContractResult] = {}
     pool = EvaluationPool()  # one Function's tests in a row share their evaluations
-    literals = snapshot(package_of(spec) for spec in specs)
     with _run_scope(options.threads) as (flight, repro_dir), worker_gpu() if "cuda" in options.devices else nullcontext():
+        literals = snapshot(specs)  # inside the scope: Hypothesis caches each module's constants on disk
         for spec_index, spec in enumerate(specs):
             loaded_by = _repro_impl(spec, impl)
             for device_index, one_device in enumerate(d for d in options.devices if d in spec.devices):
@@ -215,7 +215,7 @@ def check(
                         info, spec, one_device, replace(options.engine(), impl=loaded_by or "?"), flight=flight,
                         repro_dir=repro_dir if loaded_by else None,
                         rerun=_rerun(target, spec, info.name, one_device, seed, profile, max_examples), pool=pool,
-                        literals=literals[package_of(spec)],
+                        literals=literals[spec.name],
                     )
                     found[(info_index, spec_index, device_index)] = ContractResult(info.name, spec.name, one_device, verdict)
     results = [found[key] for key in sorted(found)]  # contract by contract, as documented
@@ -389,7 +389,7 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
 
 def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *, flight: FlightRecorder,
              repro_dir: Path | None, rerun: str, pool: EvaluationPool | None = None,
-             literals: PackageLiterals | None = None) -> Verdict:
+             literals: Literals | None = None) -> Verdict:
     """One contract test, as the plugin runs it (a repro script only where ``repro_dir`` is
     given: a spec some module registers): its verdict."""
     properties: list[tuple[str, object]] = []

@@ -1,15 +1,19 @@
-"""The literal constants Hypothesis mixes into the suite's draws: the target package's, fixed once.
+"""The literal constants Hypothesis mixes into the suite's draws: the target's own code's, fixed.
 
 Hypothesis (6.13x and later) takes about one integer draw in 20, and more float draws, from a
 list of constants: its own, or half the time the literals of every loaded module outside
 site-packages, rescanned whenever a module is imported. Left alone, the examples a seed gives
-would depend on the suite's own source, on whether the suite and the target are installed or
-checked out, on plugins on the path, and on which modules earlier tests imported (so on ``-n``,
-``--shard`` and ``-k``).
+would depend on the suite's own source, on whether the suite is installed or checked out, on
+plugins on the path, and on which modules earlier tests imported (so on ``-n``, ``--shard`` and
+``-k``).
 
-Here each Function's runs see the literals of the package that registers it instead: every
-module of that top-level package loaded when the run starts, installed or not, collected once.
-A kernel's ``BLOCK = 128`` still becomes a drawn size; nothing else moves the draws.
+Here each Function's runs see the literals of its own code instead: the module that registered
+it, the module that defines it, and every module they reach -- by import statements, or through
+their global names (functions, classes, Triton kernels' ``kernel.fn``, wrapped functions) -- that
+is local source or part of the same top-level package (so an installed package counts too); not
+the suite's, nor test files other than the registering one. A kernel's ``BLOCK = 128`` in a module the
+Function imports still becomes a drawn size; a module loaded for another reason does not move
+the draws.
 
 This reaches into Hypothesis internals (``providers._get_local_constants`` and
 ``providers.CONSTANTS_CACHE``, swapped for the length of one of the suite's runs and put back).
@@ -19,10 +23,13 @@ tests fail while it is false.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from hypothesis.internal.conjecture import providers
@@ -31,7 +38,7 @@ from conformance.spec import Spec
 
 try:
     from hypothesis.internal.cache import LRUCache
-    from hypothesis.internal.constants_ast import Constants, constants_from_module
+    from hypothesis.internal.constants_ast import Constants, constants_from_module, is_local_module_file
     from hypothesis.internal.floats import float_to_int
     from sortedcontainers import SortedSet
 except ImportError:  # a Hypothesis before local constants: nothing to fix
@@ -39,53 +46,120 @@ except ImportError:  # a Hypothesis before local constants: nothing to fix
 else:
     HOOKED = hasattr(providers, "_get_local_constants") and hasattr(providers, "CONSTANTS_CACHE")
 
-__all__ = ["HOOKED", "PackageLiterals", "drawing_from", "package_of", "snapshot"]
+__all__ = ["HOOKED", "Literals", "drawing_from", "snapshot", "source_modules"]
 
 # The suite's own packages: their literals are not the target's.
 _SUITE_PACKAGES = frozenset({"conformance", "strategies", "autograd_conformance_plugin"})
+# Where a value keeps the function it stands for: Triton kernels, functools.wraps, partial.
+_UNWRAP = ("fn", "__wrapped__", "func")
 
 
 @dataclass(frozen=True, eq=False)
-class PackageLiterals:
-    """The literals of one package's modules, as Hypothesis keeps its local constants, with the
-    cache of allowed values Hypothesis fills from them."""
+class Literals:
+    """The literals of some modules, as Hypothesis keeps its local constants, with the cache of
+    allowed values Hypothesis fills from them."""
 
-    package: str
     modules: tuple[str, ...]
     constants: Any  # hypothesis.internal.constants_ast.Constants; Any: absent from older Hypothesis
     cache: Any = field(repr=False)  # its own LRUCache: entries derive from `constants`
 
 
-def package_of(spec: Spec) -> str:
-    """The top-level package that registered ``spec`` (a module imported by path is its own)."""
-    return spec.origin.partition(".")[0]
+def _top(name: str) -> str:
+    return name.partition(".")[0]
 
 
-def snapshot(packages: Iterable[str]) -> dict[str, PackageLiterals]:
-    """Each package's literals, from the modules of it loaded now (the suite's own: none)."""
-    loaded = sorted(sys.modules.items())
-    book: dict[str, PackageLiterals] = {}
-    for package in sorted(set(packages)):
-        names = () if package in _SUITE_PACKAGES else tuple(
-            name for name, module in loaded
-            if (name == package or name.startswith(package + ".")) and getattr(module, "__file__", None)
-        )
-        if not HOOKED:
-            book[package] = PackageLiterals(package, names, None, None)
+def _named_modules(module: ModuleType) -> Iterator[str]:
+    """The modules ``module`` imports, and those its global names are or were defined in (a
+    function imported from a module that imported it from another)."""
+    yield from _imported_modules(module)
+    for value in list(vars(module).values()):
+        if isinstance(value, ModuleType):
+            # By its import statements only: importing a submodule anywhere sets it on its
+            # package, so a package's attributes depend on what else was imported.
             continue
-        # Sorted, as Hypothesis keeps its own: a plain set of strings iterates in an order
-        # PYTHONHASHSEED picks, so the constant drawn would differ from process to process.
-        constants = Constants(
-            integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(), strings=SortedSet()
-        )
-        for name in names:
-            constants = constants | constants_from_module(sys.modules[name])
-        book[package] = PackageLiterals(package, names, constants, LRUCache(1024))
+        for candidate in (value, *(_attribute(value, a) for a in _UNWRAP)):
+            name = _attribute(candidate, "__module__")
+            if isinstance(name, str):
+                yield name
+
+
+def _imported_modules(module: ModuleType) -> Iterator[str]:
+    """The modules ``module``'s source imports, at any depth of its code: ``from kern import
+    BLOCK`` binds an int, which names no module."""
+    try:
+        with open(module.__file__ or "", "rb") as source:
+            tree = ast.parse(source.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__ or "")
+            except (ImportError, ValueError):
+                continue
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _attribute(value: Any, name: str) -> Any:
+    try:
+        return getattr(value, name, None)
+    except Exception:  # a property that raises, a proxy: nothing to follow
+        return None
+
+
+def source_modules(spec: Spec) -> tuple[str, ...]:
+    """The modules of ``spec``'s own code, by name: where it was registered and defined, and
+    every module their names reach that is local source or in the same top-level package."""
+    roots = [name for name in (spec.origin, spec.op.module) if name in sys.modules and _top(name) not in _SUITE_PACKAGES]
+    packages = {_top(name) for name in roots}
+
+    def admitted(name: str) -> bool:
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or _top(name) in _SUITE_PACKAGES:
+            return False
+        return _top(name) in packages or is_local_module_file(file)
+
+    found = set(roots)
+    pending = list(roots)
+    while pending:
+        for name in _named_modules(sys.modules[pending.pop()]):
+            if name not in found and admitted(name):
+                found.add(name)
+                pending.append(name)
+    return tuple(sorted(name for name in found if getattr(sys.modules[name], "__file__", None)))
+
+
+def snapshot(specs: Iterable[Spec]) -> dict[str, Literals]:
+    """Each spec's literals (by spec name), from its source modules as loaded now; specs with the
+    same modules share one object."""
+    by_modules: dict[tuple[str, ...], Literals] = {}
+    book: dict[str, Literals] = {}
+    for spec in specs:
+        modules = source_modules(spec) if HOOKED else ()
+        literals = by_modules.get(modules)
+        if literals is None:
+            literals = by_modules[modules] = _collect(modules)
+        book[spec.name] = literals
     return book
 
 
+def _collect(modules: tuple[str, ...]) -> Literals:
+    if not HOOKED:
+        return Literals(modules, None, None)
+    # Sorted, as Hypothesis keeps its own: a plain set of strings iterates in an order
+    # PYTHONHASHSEED picks, so the constant drawn would differ from process to process.
+    constants = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(), strings=SortedSet())
+    for name in modules:
+        constants = constants | constants_from_module(sys.modules[name])
+    return Literals(modules, constants, LRUCache(1024))
+
+
 @contextlib.contextmanager
-def drawing_from(literals: PackageLiterals | None) -> Iterator[None]:
+def drawing_from(literals: Literals | None) -> Iterator[None]:
     """Hypothesis draws its local constants from ``literals`` (None, or a Hypothesis without
     them: as it always does) until the block ends."""
     if literals is None or not HOOKED:

@@ -47,7 +47,7 @@ from conformance.engine.evaluate import crash_owner, execute
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, why_no_backward
-from conformance.engine.literals import PackageLiterals, drawing_from, package_of, snapshot
+from conformance.engine.literals import Literals, drawing_from, snapshot
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
     ContractFailure,
@@ -159,7 +159,7 @@ class Target:
     pool: EvaluationPool | None = field(default=None, repr=False)  # evaluations shared with this Function's other tests
     # The constants Hypothesis mixes into the draws (see conformance.engine.literals): the
     # session's, taken when the run started; else taken when this test runs.
-    literals: PackageLiterals | None = field(default=None, repr=False)
+    literals: Literals | None = field(default=None, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -410,8 +410,7 @@ class Target:
             test()
 
         if self.literals is None:
-            package = package_of(self.spec)
-            self.literals = snapshot([package])[package]
+            self.literals = snapshot([self.spec])[self.spec.name]
         try:
             with drawing_from(self.literals):
                 for corner, examples in self._phases(max_examples):

@@ -34,7 +34,7 @@ from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionVal
 from conformance.engine.author_code import Executed, Region, Tracer, regions_of
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
-from conformance.engine.literals import PackageLiterals, package_of, snapshot
+from conformance.engine.literals import Literals, snapshot
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
@@ -107,7 +107,7 @@ class ConformanceSession:
         self.case_strategies: dict[CaseOptions, SearchStrategy[Case]] = {}
         self.heap = Heap.for_this_process()
         self.on_function: tuple[str, str] | None = None  # the (Function, device) the run's tests are on
-        self.literals: dict[str, PackageLiterals] = {}  # the constants Hypothesis draws, by package
+        self.literals: dict[str, Literals] = {}  # the constants Hypothesis draws, by Function
 
     # ---------------------------------------------------------------- setup
 
@@ -153,7 +153,7 @@ class ConformanceSession:
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         # Once, after collection (Hypothesis warns of disk access during plugin set-up): a module
         # imported later, by a test or a plugin, leaves the draws alone.
-        self.literals = snapshot(package_of(spec) for spec in self.specs)
+        self.literals = snapshot(self.specs)
         try:
             return (yield)
         finally:
@@ -547,7 +547,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         strict_expectations=session.expectations is not None and session.expectations.strict,
         pool=session.pool,
         case_strategies=session.case_strategies,
-        literals=session.literals.get(package_of(spec)),
+        literals=session.literals.get(spec.name),
     )
     if device == "cuda" and not cuda_usable():
         target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,16 @@ def test_a_module_imported_mid_run_leaves_the_draws_alone(packages: Path, monkey
     assert fixed_after == fixed_before
     assert 524287 in fixed_before
     assert own_after != own_before
+
+
+def test_a_spec_made_outside_register_has_no_code_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its origin says ``__main__``: under pytest that is pytest's module, under an xdist worker
+    one without a file. Neither is the user's code, and neither stops the run."""
+    spec = make_spec([Tensor("x", "n")])
+    assert spec.origin == "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__, as in a worker
+    assert "__main__" not in snapshot([spec])[spec.name].modules
+    pytest_main = types.ModuleType("__main__")
+    pytest_main.__file__ = str(Path(pytest.__file__).parent / "__main__.py")
+    monkeypatch.setitem(sys.modules, "__main__", pytest_main)
+    assert "__main__" not in snapshot([spec])[spec.name].modules

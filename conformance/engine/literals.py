@@ -86,17 +86,21 @@ def _named_modules(module: ModuleType) -> Iterator[str]:
 def _imported_modules(module: ModuleType) -> Iterator[str]:
     """The modules ``module``'s source imports, at any depth of its code: ``from kern import
     BLOCK`` binds an int, which names no module."""
+    file = getattr(module, "__file__", None)  # absent on some: an xdist worker's __main__
+    if not isinstance(file, str):
+        return
     try:
-        with open(module.__file__ or "", "rb") as source:
+        with open(file, "rb") as source:
             tree = ast.parse(source.read())
     except (OSError, SyntaxError, ValueError):
         return
+    package = getattr(module, "__package__", None) or ""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             try:
-                base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__ or "")
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             except (ImportError, ValueError):
                 continue
             yield base
@@ -110,10 +114,21 @@ def _attribute(value: Any, name: str) -> Any:
         return None
 
 
+def _is_root(name: str) -> bool:
+    """Whether the module ``name``, where a spec was registered or defined, is the user's code:
+    not the suite's, and ``__main__`` only as a script of theirs (a spec made outside ``register``
+    says ``__main__``, which under pytest is pytest's, under xdist a worker's)."""
+    module = sys.modules.get(name)
+    if module is None or _top(name) in _SUITE_PACKAGES:
+        return False
+    file = getattr(module, "__file__", None)
+    return name != "__main__" or (isinstance(file, str) and is_local_module_file(file))
+
+
 def source_modules(spec: Spec) -> tuple[str, ...]:
     """The modules of ``spec``'s own code, by name: where it was registered and defined, and
     every module their names reach that is local source or in the same top-level package."""
-    roots = [name for name in (spec.origin, spec.op.module) if name in sys.modules and _top(name) not in _SUITE_PACKAGES]
+    roots = [name for name in (spec.origin, spec.op.module) if _is_root(name)]
     packages = {_top(name) for name in roots}
 
     def admitted(name: str) -> bool:

@@ -10,8 +10,9 @@ plugins on the path, and on which modules earlier tests imported (so on ``-n``, 
 Here each Function's runs see the literals of its own code instead: the module that registered
 it, the module that defines it, and every module they reach -- by import statements, or through
 their global names (functions, classes, Triton kernels' ``kernel.fn``, wrapped functions) -- that
-is local source or part of the same top-level package (so an installed package counts too); not
-the suite's, nor test files other than the registering one. A kernel's ``BLOCK = 128`` in a module the
+is local source or part of the registering top-level package (so an installed package counts
+too); not the suite's, not a library's (a Function of torch's brings none of torch's), nor test
+files other than the registering one. A kernel's ``BLOCK = 128`` in a module the
 Function imports still becomes a drawn size; a module loaded for another reason does not move
 the draws.
 
@@ -27,6 +28,7 @@ import ast
 import contextlib
 import importlib.util
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -126,25 +128,30 @@ def _is_root(name: str) -> bool:
 
 
 def source_modules(spec: Spec) -> tuple[str, ...]:
-    """The modules of ``spec``'s own code, by name: where it was registered and defined, and
-    every module their names reach that is local source or in the same top-level package."""
-    roots = [name for name in (spec.origin, spec.op.module) if _is_root(name)]
-    packages = {_top(name) for name in roots}
+    """The modules of ``spec``'s own code, by name: where it was registered, where it was defined
+    (when that is local or in the registering package: not a Function of torch's), and every
+    module they reach that is local source or in the registering package."""
+    registering = spec.origin if _is_root(spec.origin) else None
+    package = _top(registering) if registering is not None else None
 
     def admitted(name: str) -> bool:
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
         if not isinstance(file, str) or _top(name) in _SUITE_PACKAGES:
             return False
-        return _top(name) in packages or is_local_module_file(file)
+        return _top(name) == package or is_local_module_file(file)
 
+    roots = {name for name in (registering, spec.op.module) if name is not None and _is_root(name)}
+    roots = {name for name in roots if name == registering or admitted(name)}
     found = set(roots)
-    pending = list(roots)
-    while pending:
-        for name in _named_modules(sys.modules[pending.pop()]):
-            if name not in found and admitted(name):
-                found.add(name)
-                pending.append(name)
+    pending = sorted(roots)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reading a deprecated global warns: not the user's run
+        while pending:
+            for name in _named_modules(sys.modules[pending.pop()]):
+                if name not in found and admitted(name):
+                    found.add(name)
+                    pending.append(name)
     return tuple(sorted(name for name in found if getattr(sys.modules[name], "__file__", None)))
 
 

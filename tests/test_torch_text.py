@@ -23,6 +23,7 @@ from conformance.engine.torch_text import (
     is_once_differentiable_node,
     modified_saved_tensor,
     raised_by_once_differentiable,
+    without_guard_latency_profile,
     without_slow_mode_jacobians,
 )
 
@@ -139,6 +140,36 @@ def test_fast_mode_without_slow_mode_jacobians_keeps_the_verdict_and_the_named_i
         assert calls, "torch's slow-mode step was not restored after the block"
     finally:
         torch.autograd.gradcheck.__globals__["_get_analytical_jacobian"] = slow_step
+
+
+def test_compile_without_guard_latency_profile_still_guards() -> None:
+    """Dynamo measures each new frame's guard latency (a cache flush and a timed check) by this
+    name; inside the block it does not, and the compiled function is still guarded: a new dtype
+    recompiles. torch's step is back after."""
+    import torch._dynamo.guards as guards
+
+    measured: list[int] = []
+    step = guards.profile_guard_manager
+    guards.profile_guard_manager = lambda *args, **kwargs: (measured.append(1), step(*args, **kwargs))[1]
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    try:
+        torch._dynamo.reset()
+        with without_guard_latency_profile():
+            compiled = torch.compile(double, backend="eager")
+            assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0))
+            assert torch.equal(compiled(torch.ones(3, dtype=torch.float64)), torch.full((3,), 2.0, dtype=torch.float64))
+            variants = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(double.__code__))
+        assert measured == [], "Dynamo measured guard latency under without_guard_latency_profile()"
+        assert variants == 2, f"variants={variants}, but should be 2 [float32 then float64 through one compiled function]"
+        torch._dynamo.reset()
+        torch.compile(double, backend="eager")(torch.ones(3))
+        assert measured, "Dynamo's guard-latency step was not restored after the block (or torch renamed it)"
+    finally:
+        guards.profile_guard_manager = step
+        torch._dynamo.reset()
 
 
 def test_gradcheck_reports_a_backward_that_is_not_reentrant() -> None:

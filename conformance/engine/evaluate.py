@@ -328,10 +328,15 @@ def recorded_function_of_tensors(
     case: Case, args: Sequence[Any], wrt_positions: Sequence[int], fn: type[torch.autograd.Function] | None = None
 ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Recorder]:
     """:func:`function_of_tensors` and the recorder of its probe (every backward call it made)."""
-    # gradcheck calls it hundreds of times: nothing looks at its canaries, so none are kept.
+    # Called hundreds of times: nothing looks at its canaries, so none are kept.
     allocations = dataclasses.replace(allocation_policy(case.spec), keep_canaries=False)
     function, recorder = probe(fn or case.spec.fn, shield=True, allocations=allocations)
+    return _of_tensors(function, case, args, wrt_positions), recorder
 
+
+def _of_tensors(
+    function: type[torch.autograd.Function], case: Case, args: Sequence[Any], wrt_positions: Sequence[int]
+) -> Callable[..., tuple[torch.Tensor, ...]]:
     def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
         # Clones (their gradient flows back to gradcheck's tensors): a forward or backward that
@@ -346,7 +351,7 @@ def recorded_function_of_tensors(
         # cannot be subtracted.
         return tuple(o for o in outputs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
 
-    return call, recorder
+    return call
 
 
 def function_of_tensors(
@@ -356,8 +361,9 @@ def function_of_tensors(
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
     values and integer or bool tensors among the outputs are dropped (gradcheck reads
-    ``.requires_grad`` on every output, and differences every one)."""
-    return recorded_function_of_tensors(case, args, wrt_positions, fn)[0]
+    ``.requires_grad`` on every output, and differences every one). Unrecorded: gradcheck's
+    hundreds of backward calls would each keep copies of their grad_outputs and saved tensors."""
+    return _of_tensors(guarded(fn or case.spec.fn, allocation_policy(case.spec), shield=True), case, args, wrt_positions)
 
 
 # ----------------------------------------------------------------------------- plain functions

@@ -105,15 +105,18 @@ def _under_allocations(
     return forward
 
 
-def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy) -> type[torch.autograd.Function]:
+def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy, *, shield: bool = False) -> type[torch.autograd.Function]:
     """A subclass of ``fn`` that records nothing (so it keeps nothing alive) but runs forward and
     backward under :class:`conformance.engine.memory.Allocations` like every evaluation: for contracts
-    that must call the Function unprobed (saved_tensors checks what is freed)."""
+    that must call the Function unprobed (saved_tensors checks what is freed) or call it hundreds
+    of times (gradcheck). ``shield`` as for :func:`probe`."""
     unkept = dataclasses.replace(allocations, keep_canaries=False)
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        if shield:
+            grad_outputs = tuple(_private(g) for g in grad_outputs)
         with Allocations(unkept, phase=method):
             return user_backward(ctx, *grad_outputs)
 

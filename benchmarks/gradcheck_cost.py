@@ -4,7 +4,7 @@ Run by benchmarks/run.py in a subprocess (``python benchmarks/gradcheck_cost.py 
 --repeats 3``); prints one JSON object. For each input numel n it builds the Case the contract
 would draw for a one-input elementwise Function (``square`` from reference_ops: x of shape (n,),
 float64, values kept FD_SPACING apart like the contract's), wraps it with
-``conformance.engine.evaluate.function_of_tensors`` (the probed, shielded closure the contract passes to
+``conformance.engine.evaluate.function_of_tensors`` (the guarded, shielded closure the contract passes to
 gradcheck) and times ``torch.autograd.gradcheck`` with the contract's own arguments: eps=FD_EPS,
 fast mode with FAST_ATOL/FAST_RTOL when in+out numel > GRADCHECK_FAST_MODE_ELEMENTS, else slow mode with
 SLOW_ATOL/SLOW_RTOL (the constants are read from conformance/engine/finite_differences.py). With

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conformance.engine.memory import AllocationPolicy, Allocations, padded_copy, saved_storages, unwritten_elements
+from conformance.engine.probe import guarded
 from tests.conftest import ZOO
 
 MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
@@ -213,6 +214,38 @@ def test_probed_forward_keeps_the_users_signature_and_outputs_are_not_views() ->
     with torch.enable_grad():
         z = probed.apply(x)
         z.mul_(1.0)  # a view output of a custom Function could not be modified in place
+
+
+_POISONED: list[bool] = []  # per forward call of _DoublesGradInPlace: whether torch.empty came poisoned
+
+
+class _DoublesGradInPlace(torch.autograd.Function):
+    """Allocates uninitialised in forward; backward doubles its grad_output in place and returns it."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        _POISONED.append(bool(torch.empty(4).isnan().all()))
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad.mul_(2)
+
+
+@pytest.mark.parametrize("shield", [True, False])
+def test_guarded_shield_keeps_the_callers_grad_output_and_allocations_stay_poisoned(shield: bool) -> None:
+    """gradcheck's calls go through guarded(..., shield=True): a backward that writes into its
+    grad_output must not change the tensor gradcheck passes again. Without the shield it does,
+    so the comparison can fail."""
+    _POISONED.clear()
+    function = guarded(_DoublesGradInPlace, AllocationPolicy(), shield=shield)
+    x = torch.ones(3, requires_grad=True)
+    grad_output = torch.ones(3)
+    (grad,) = torch.autograd.grad(function.apply(x), x, grad_output)
+    assert torch.equal(grad, torch.full((3,), 2.0))
+    kept = torch.equal(grad_output, torch.ones(3))
+    assert kept == shield, f"grad_output={grad_output.tolist()}, but should be {'unchanged' if shield else 'doubled'} [shield={shield}]"
+    assert _POISONED == [True], f"poisoned={_POISONED}, but should be [True] [torch.empty in forward]"
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.bool, torch.complex64])

@@ -328,7 +328,7 @@ def recorded_function_of_tensors(
     case: Case, args: Sequence[Any], wrt_positions: Sequence[int], fn: type[torch.autograd.Function] | None = None
 ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Recorder]:
     """:func:`function_of_tensors` and the recorder of its probe (every backward call it made)."""
-    # Called hundreds of times: nothing looks at its canaries, so none are kept.
+    # gradgradcheck's diagnosis calls it hundreds of times: nothing looks at its canaries, so none are kept.
     allocations = dataclasses.replace(allocation_policy(case.spec), keep_canaries=False)
     function, recorder = probe(fn or case.spec.fn, shield=True, allocations=allocations)
     return _of_tensors(function, case, args, wrt_positions), recorder

@@ -1,5 +1,5 @@
 """Everything the suite reads out of torch's own message text, in one place, and the two steps of
-torch's whose only product is text the suite never shows.
+torch's whose only products are text and a metric the suite never shows.
 
 torch reports some facts only in prose: which input gradcheck found wrong, that a backward is not
 reentrant, that double backward went through ``@once_differentiable``, that Dynamo cannot trace a

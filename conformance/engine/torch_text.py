@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
@@ -50,7 +50,23 @@ SLOW_MODE_SKIPPED = (
 
 
 @contextlib.contextmanager
-def without_slow_mode_jacobians() -> Iterator[None]:
+def _replaced(module_name: str, step: str, stub: Callable[..., Any]) -> Iterator[None]:
+    """The block with torch's ``module_name.step`` replaced by ``stub`` (torch calls it by name
+    from that module, so the swap takes), restored after; nothing changes when this torch has no
+    such step."""
+    module = importlib.import_module(module_name)
+    original = getattr(module, step, None)
+    if original is None:
+        yield
+        return
+    setattr(module, step, stub)
+    try:
+        yield
+    finally:
+        setattr(module, step, original)
+
+
+def without_slow_mode_jacobians() -> contextlib.AbstractContextManager[None]:
     """Fast-mode gradcheck/gradgradcheck without the message's slow-mode Jacobians.
 
     On a fast-mode mismatch torch recomputes both Jacobians of the mismatching pair in slow mode
@@ -58,23 +74,14 @@ def without_slow_mode_jacobians() -> Iterator[None]:
     verdict is the same, the cost is the whole slow check, paid on every failing example a search
     meets and shrinks through. Here the message keeps torch's fast-mode part and says the rest was
     skipped (:data:`SLOW_MODE_SKIPPED`). If this torch has no such step, nothing changes."""
-    module = importlib.import_module("torch.autograd.gradcheck")  # the module, not the function torch.autograd exports
-    original = getattr(module, _SLOW_MODE_STEP, None)
-    if original is None:
-        yield
-        return
-    setattr(module, _SLOW_MODE_STEP, lambda *args, **kwargs: SLOW_MODE_SKIPPED)
-    try:
-        yield
-    finally:
-        setattr(module, _SLOW_MODE_STEP, original)
+    # The module, not the function torch.autograd exports.
+    return _replaced("torch.autograd.gradcheck", _SLOW_MODE_STEP, lambda *args, **kwargs: SLOW_MODE_SKIPPED)
 
 
 _GUARD_LATENCY_STEP = "profile_guard_manager"  # torch._dynamo.guards', called by name
 
 
-@contextlib.contextmanager
-def without_guard_latency_profile() -> Iterator[None]:
+def without_guard_latency_profile() -> contextlib.AbstractContextManager[None]:
     """torch.compile without Dynamo's guard-latency measurement.
 
     After building a frame's guards, Dynamo flushes the CPU caches and times one evaluation of
@@ -82,16 +89,7 @@ def without_guard_latency_profile() -> Iterator[None]:
     (measured, torch 2.13, CPU), about a quarter of a small Function's ``aot_eager`` compile. The
     guards are built, checked and used as before; the latency reads 0. If this torch has no such
     step, nothing changes."""
-    module = importlib.import_module("torch._dynamo.guards")
-    original = getattr(module, _GUARD_LATENCY_STEP, None)
-    if original is None:
-        yield
-        return
-    setattr(module, _GUARD_LATENCY_STEP, lambda *args, **kwargs: 0.0)
-    try:
-        yield
-    finally:
-        setattr(module, _GUARD_LATENCY_STEP, original)
+    return _replaced("torch._dynamo.guards", _GUARD_LATENCY_STEP, lambda *args, **kwargs: 0.0)
 
 
 def gradcheck_not_reentrant(message: str) -> bool:

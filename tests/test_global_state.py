@@ -11,12 +11,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import xml.etree.ElementTree as ET
 
 import pytest
 import torch
 
-from conformance.engine.global_state import PINNED, PINNED_SEED, pinned_global_state, preserved_global_state, snapshot
+from conformance.engine.global_state import (
+    FLAGS,
+    PINNED,
+    PINNED_SEED,
+    kept_flags,
+    pinned_global_state,
+    preserved_global_state,
+    snapshot,
+)
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
 LEAKS = {
@@ -88,6 +97,39 @@ def test_pinned_state_inside_restored_state_after() -> None:
         assert dict(after.flags) == dict(before.flags) and after.rng.same_as(before.rng)
     torch.manual_seed(PINNED_SEED)
     assert torch.equal(torch.rand(3), first)
+
+
+# A value other than the pinned one for each flag a CPU run can set.
+_OTHER = {
+    "torch.is_grad_enabled()": False,
+    "torch.get_default_dtype()": torch.float64,
+    "torch.are_deterministic_algorithms_enabled()": True,
+    "torch.utils.deterministic.fill_uninitialized_memory": False,
+    "torch.is_anomaly_enabled()": True,
+    "torch.get_float32_matmul_precision()": "medium",
+    "torch.backends.cudnn.benchmark": True,
+    'torch.is_autocast_enabled("cpu")': True,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OTHER))
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_kept_flags_puts_back_a_flag_changed_in_the_block_and_leaves_the_rng(name: str, raising: bool) -> None:
+    flag = next(f for f in FLAGS if f.name == name)
+    with preserved_global_state(), pinned_global_state():
+        before = snapshot()
+        with pytest.raises(ValueError) if raising else contextlib.nullcontext():
+            with kept_flags():
+                flag.set(_OTHER[name])
+                assert flag.get() == _OTHER[name]
+                drawn = torch.rand(2, dtype=torch.float32)
+                if raising:
+                    raise ValueError
+        after = snapshot()
+        assert dict(after.flags) == dict(before.flags), name
+        assert not after.rng.same_as(before.rng)  # the draw stays visible (determinism's to judge)
+        torch.manual_seed(PINNED_SEED)
+        assert torch.equal(torch.rand(2, dtype=torch.float32), drawn)
 
 
 def test_the_catalogue_passes_global_state(pytester: pytest.Pytester) -> None:

@@ -319,17 +319,30 @@ def pinned_global_state(values: Mapping[str, Any] = PINNED) -> Iterator[None]:
         restore(saved)
 
 
-@contextlib.contextmanager
-def kept_flags() -> Iterator[None]:
+_GETTERS: tuple[Callable[[], Any], ...] = tuple(flag.get for flag in FLAGS)
+
+
+def _flag_values() -> list[Any]:
+    return [get() for get in _GETTERS]
+
+
+class kept_flags:  # lower case: used as a context manager, like contextlib's
     """Put every flag back as it was when the block started, but leave the RNG alone (a
     Function's random draws must stay visible to the determinism contract). The execution layer
     runs each Function call in it, so a leak is the ``global_state`` contract's finding only,
-    not a crash of whatever the same example runs next."""
-    saved = {flag.name: flag.get() for flag in FLAGS}
-    try:
-        yield
-    finally:
-        _apply(saved)
+    not a crash of whatever the same example runs next.
+
+    A class, not a generator: it wraps every Function call (hundreds per gradcheck), and one
+    read of the flags after the block, compared as a whole, costs less than a setter check each."""
+
+    __slots__ = ("_saved",)
+
+    def __enter__(self) -> None:
+        self._saved = _flag_values()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if _flag_values() != self._saved:
+            _apply({flag.name: value for flag, value in zip(FLAGS, self._saved)})
 
 
 @dataclass

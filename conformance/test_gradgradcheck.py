@@ -40,7 +40,7 @@ from conformance.engine.evaluate import (
     preflight,
     recorded_function_of_tensors,
 )
-from conformance.engine.finite_differences import FD_EPS, FD_SPACING, NONDET_TOL
+from conformance.engine.finite_differences import FD_EPS, FD_SPACING, NONDET_TOL, unresolvable_outputs
 from conformance.engine.harness import fixed_rng
 from conformance.engine.probe import Recorder
 from conformance.engine.report import advise, fail
@@ -103,12 +103,17 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data, target.case_options.replace(spacing=FD_SPACING), dtypes=(dtype,))
     args = case.args(dtype=dtype)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not target.backward_ran(preflight(target.contract, case, dtype=dtype)):
+    execution = preflight(target.contract, case, dtype=dtype)
+    if not target.backward_ran(execution):
         return
     names = [case.recipes[i].name for i in wrt_positions]
     call = function_of_tensors(case, args, wrt_positions)
     wrt = tuple(args[i] for i in wrt_positions)
     if target.spec.double_backward:
+        unresolvable = unresolvable_outputs(execution.outputs)
+        if unresolvable is not None:
+            target.not_checked(unresolvable)
+            return
         _check_twice_differentiable(target, case, call, args, wrt_positions, names)
     else:
         _check_refuses_double_backward(target, case, call, wrt, names)

@@ -21,7 +21,7 @@ from tests.conftest import REPO
 
 # The zoo runs whose failures are replayed (every one has failures).
 REPLAYED_RUNS = (
-    "core_bugs", "ctx_hygiene", "derivative_layout_determinism_bugs", "global_state_bugs", "grad_and_memory_bugs",
+    "core_bugs", "ctx_hygiene", "derivative_layout_determinism_bugs", "float32_output", "global_state_bugs", "grad_and_memory_bugs",
     "gradcheck_bugs", "memory_bugs", "numeric_bugs", "real_world_bugs", "spec_language_bugs", "transposed_grad_output_bugs",
     "triton_bugs", "vacuous",
 )

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
 __all__ = [
     "FAST_ATOL",
     "FAST_RTOL",
@@ -12,6 +17,7 @@ __all__ = [
     "NONDET_TOL",
     "SLOW_ATOL",
     "SLOW_RTOL",
+    "unresolvable_outputs",
 ]
 
 # The finite-difference step of gradcheck/gradgradcheck (torch's default), and how far apart the
@@ -32,3 +38,26 @@ NONDET_TOL = 1e-10
 GRADCHECK_FAST_MODE_ELEMENTS = 256
 SLOW_ATOL, SLOW_RTOL = 1e-5, 1e-3
 FAST_ATOL, FAST_RTOL = 1e-8, 1e-3
+
+
+_FULL_PRECISION = (torch.float64, torch.complex128)
+
+
+def unresolvable_outputs(outputs: Sequence[Any]) -> str | None:
+    """Why finite differences in float64 cannot check these outputs of a float64 call, or None.
+
+    A differentiable output of lower precision (a Function that returns float32 whatever its
+    input's dtype) rounds away a step of ``FD_EPS``: the central difference of ``x.float()`` at a
+    float64 ``x`` is 0.9984 where the derivative is 1. Its gradients are the reference contract's
+    to judge, against the float64 truth."""
+    coarse = [
+        f"output[{position}] is {str(output.dtype).removeprefix('torch.')}"
+        for position, output in enumerate(outputs)
+        if isinstance(output, torch.Tensor) and output.requires_grad and output.dtype not in _FULL_PRECISION
+    ]
+    if not coarse:
+        return None
+    return (
+        f"{', '.join(coarse)} for float64 inputs: finite differences (eps={FD_EPS:g}) cannot resolve a "
+        "lower-precision output; the reference contract compares the gradients with the float64 truth"
+    )

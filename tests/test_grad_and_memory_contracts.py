@@ -43,6 +43,7 @@ INTENDED = {
     "modifies_saved_tensor": "inplace",
     "grad_into_input_data": "inplace",
     "returns_input_view": "inplace",
+    "scales_saved_input_view": "inplace",
     "tensor_on_ctx": "saved_tensors",
     "caches_outputs": "saved_tensors",
     "none_unaware_two_outputs": "undefined_grads",
@@ -110,6 +111,15 @@ def test_gradient_written_through_data_fails_inplace_but_gradcheck_passes(bugs) 
     assert "went through .data" in text  # the version counter did not move
     assert "returned its memory as grad['x']" in text
     bugs.passed("gradcheck", "grad_into_input_data")
+
+
+def test_saved_input_view_scaled_in_backward_fails_inplace_and_blocks_gradcheck(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("inplace", "scales_saved_input_view")
+    assert "input 'x' was modified in place by backward" in text
+    # gradcheck meets autograd's refusal of the write into its no_grad view of x: inplace's defect.
+    blocked = bugs.verdict("gradcheck", "scales_saved_input_view")
+    assert blocked.outcome == "skipped" and "blocked by inplace: " in blocked.text, blocked.text
+    assert "A view was created in no_grad mode" in blocked.text
 
 
 def test_view_of_input_as_output_fails_inplace(bugs) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from conformance.engine.torch_text import (
     gradcheck_not_reentrant,
     gradgradcheck_output_and_input,
     is_once_differentiable_node,
+    modified_no_grad_view,
     modified_saved_tensor,
     raised_by_once_differentiable,
     without_guard_latency_profile,
@@ -208,6 +209,23 @@ def test_a_saved_tensor_written_in_place_is_recognised_on_the_second_backward() 
         y.sum().backward()
     assert modified_saved_tensor(raised.value), str(raised.value)
     assert not modified_saved_tensor(RuntimeError("element 0 of tensors does not require grad"))
+
+
+def test_an_in_place_write_into_a_no_grad_view_is_recognised() -> None:
+    base = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        view = base[0]
+    with pytest.raises(RuntimeError) as into_the_view:
+        view.mul_(2)
+    other = base.clone()
+    with torch.no_grad():
+        base_view = other[0]
+    with pytest.raises(RuntimeError) as through_the_base:
+        other.mul_(2)
+        base_view.sum().backward()
+    for raised in (into_the_view, through_the_base):
+        assert modified_no_grad_view(raised.value), str(raised.value)
+    assert not modified_no_grad_view(RuntimeError("element 0 of tensors does not require grad"))
 
 
 def test_dynamo_refuses_a_function_with_jvp() -> None:

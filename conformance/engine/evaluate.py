@@ -42,7 +42,7 @@ from conformance.engine.harness import (
 from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
 from conformance.engine.probe import Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
-from conformance.engine.torch_text import modified_saved_tensor, writes_overlapping_memory
+from conformance.engine.torch_text import modified_no_grad_view, modified_saved_tensor, writes_overlapping_memory
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
@@ -280,9 +280,10 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
     ``layouts`` when the same values in plain layouts (contiguous inputs and grad_outputs) run --
     ``inplace`` instead when torch refused to write into an expanded tensor, which only the
     Function's in-place write into its input or grad_output makes; ``inplace`` when autograd
-    found a saved tensor written since it was saved while one plain call runs (a backward that
-    writes into what it saved fails when the contract runs the graph again: inplace's second
-    backward); ``contract`` itself when they run and nothing about the layouts differed (what the
+    found a saved tensor written since it was saved, or refused an in-place write into a view
+    made under no_grad, while one plain call runs (a backward that writes into what it saved fails
+    when the contract runs the graph again, or when gradcheck's next call perturbs that input
+    through such a view: inplace's finding); ``contract`` itself when they run and nothing about the layouts differed (what the
     contract did to the call raised);
     ``needs_input_grad`` when the plain call runs with every differentiable input requiring grad;
     else ``return_count`` (a crash on plain inputs)."""
@@ -292,7 +293,7 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
         grad_layout="as_drawn",
     )
     if _runs_cleanly(plain):
-        if error is not None and modified_saved_tensor(error):
+        if error is not None and (modified_saved_tensor(error) or modified_no_grad_view(error)):
             return "inplace"
         strided_grads = case.grad_kind in ("noncontiguous", "expanded") or case.grad_layout != "as_drawn"
         if not (plain != case or strided_grads):

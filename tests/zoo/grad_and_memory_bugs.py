@@ -121,6 +121,24 @@ class GradIntoInputData(torch.autograd.Function):
         return grad
 
 
+class ScalesSavedInputView(torch.autograd.Function):
+    """y = x * w; backward "saves memory" by scaling the saved (reshaped) view of x in place for
+    w's gradient, which writes into the caller's x. gradcheck's next call then perturbs x
+    through a view made under no_grad, and autograd refuses: inplace's defect, not gradcheck's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.reshape(-1, x.shape[-1]), w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        rows, w = ctx.saved_tensors
+        grad_x = grad_output * w if ctx.needs_input_grad[0] else None
+        grad_w = rows.mul_(grad_output.reshape(rows.shape)).sum(0) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
 class ReturnsInputView(torch.autograd.Function):
     """Identity that returns ``x.data``, an alias of its input autograd does not know about (a plain
     view such as ``x.view_as(x)`` is legal: autograd tracks it)."""
@@ -164,6 +182,10 @@ register(
 register(ModifiesSavedTensor, name="modifies_saved_tensor", inputs=[Tensor("x", "*batch n")], reference=torch.exp)
 register(GradIntoInputData, name="grad_into_input_data", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 3)
 register(ReturnsInputView, name="returns_input_view", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 1)
+register(
+    ScalesSavedInputView, name="scales_saved_input_view", inputs=[Tensor("x", "*batch n"), Tensor("w", "n")],
+    reference=lambda x, w: x * w,
+)
 
 # ----------------------------------------------------------------- saved_tensors
 

@@ -19,21 +19,44 @@ must be finite; where it is NaN or +-inf, they must be the same. A truth the dty
 (float16 300**2) is not checked: a correct op may overflow there; nor is a position where the
 reference itself, run in the tested dtype, is not finite (plain PyTorch overflows there too). Ops undefined on part of the
 real line declare their domain (``Tensor(..., domain="positive")``) rather than being exempted.
+
+Finite is not enough where the value is wrong: a float16 accumulator that overflows to inf makes
+``rsqrt(sum of squares)`` a finite 0, and every output of the row 0 where the truth is of order 1.
+So in every dtype but float64, the ``extreme`` family's outputs and gradients are also judged by
+the reference contract's rule (:func:`conformance.engine.numerics.judge_against_truth`: within k
+times plain PyTorch's own error in that dtype, plus a floor), at the positions where plain
+PyTorch (the reference run in the tested dtype) is finite. When the same case at ordinary
+magnitudes is outside that rule too, the defect is the reference contract's, and this one is
+blocked by it. float64 has no baseline to measure a budget against, and the ``degenerate`` and
+``single`` families are judged for finiteness only.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, contract
-from conformance.engine.defects import require_sound
+from conformance.engine.defects import Blocked, Defect, require_sound
 from conformance.engine.evaluate import Evaluated
 from conformance.engine.harness import Execution, random_state
-from conformance.engine.numerics import baseline, cheap_budget_first, compare_finiteness, truth
+from conformance.engine.numerics import (
+    Comparison,
+    Judged,
+    baseline,
+    cheap_budget_first,
+    compare_finiteness,
+    judge_against_truth,
+    judged_grads,
+    neighbouring_cases,
+    reference_truth_and_baseline,
+    truth,
+    with_resamples,
+)
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.spec import Spec
@@ -75,13 +98,77 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     args = case.args()
     exact = truth(spec, case, args, names, grad_outputs)
 
-    def judge(full_budget: bool) -> bool:
-        # The baseline: where plain PyTorch (the reference in this dtype) overflows too, the dtype
-        # is at fault. It only excuses positions, so it is evaluated for a failing value only.
-        plain = baseline(spec, case, args, names, grad_outputs) if full_budget else None
-        return _judge_case(spec, impl, dtype, exact, plain, f"{dtype_name}, {family} inputs ({scales})")
+    context = f"{dtype_name}, {family} inputs ({scales})"
+    judges_values = family == "extreme" and dtype != torch.float64 and not spec.nondeterministic
+    # The baseline: where plain PyTorch (the reference in this dtype) overflows too, the dtype is
+    # at fault. For finiteness it only excuses positions, so it is evaluated for a failing value
+    # only; the value rule measures its budget against it.
+    plain = baseline(spec, case, args, names, grad_outputs) if judges_values else None
 
-    return cheap_budget_first(judge)
+    def judge(full_budget: bool) -> bool:
+        return _judge_case(spec, impl, dtype, exact, plain if plain is not None or not full_budget else
+                           baseline(spec, case, args, names, grad_outputs), context)
+
+    compared = cheap_budget_first(judge)
+    if compared and plain is not None:
+        found = _outside_reference_rule(spec, case, impl, exact, plain, args, names, grad_outputs, context)
+        if found is not None:
+            _unless_wrong_at_ordinary_magnitudes(target, case)
+            fail(found.summary, found.details)
+    return compared
+
+
+def _judged(impl: Execution, exact: Evaluated, plain: Evaluated, args: list[Any], names: list[str], context: str) -> list[Judged]:
+    fn_name = impl.case.spec.display_name
+    values = [
+        Judged(f"output[{p}]", "output", got, exact.outputs[p], plain.outputs[p], f"{fn_name}.forward, {context}",
+               exact.output_terms.get(p))
+        for p, got in enumerate(impl.outputs)
+        if isinstance(got, torch.Tensor) and got.is_floating_point() and p < min(len(exact.outputs), len(plain.outputs))
+        and isinstance(exact.outputs[p], torch.Tensor) and isinstance(plain.outputs[p], torch.Tensor)
+        and tuple(got.shape) == tuple(exact.outputs[p].shape)
+    ]
+    grads = {name: got for name, got in impl.grads.items() if got is not None and exact.grads.get(name) is not None
+             and tuple(got.shape) == tuple(exact.grads[name].shape)}  # type: ignore[union-attr]
+    return values + judged_grads(grads, exact, plain, args, names, lambda name: f"{fn_name}.backward, input {name!r}, {context}")
+
+
+def _outside_reference_rule(
+    spec: Spec, case: Case, impl: Execution, exact: Evaluated, plain: Evaluated, args: list[Any], names: list[str],
+    grad_outputs: dict[int, torch.Tensor], context: str,
+) -> Comparison | None:
+    """The first output or gradient outside the reference contract's rule, or None. As there, the
+    full budget (the truth's term bounds, the reference's own error at neighbouring inputs) is
+    measured only for a value outside the cheap one."""
+    found = judge_against_truth(spec, case.dtype, _judged(impl, exact, plain, args, names, context))
+    if found is None:
+        return None
+    exact = truth(spec, case, args, names, grad_outputs, terms=True)
+    dtype_name = str(case.dtype).removeprefix("torch.")
+    resamples = [
+        reference_truth_and_baseline(spec, case, moved_args, names, moved_grads)[::-1]
+        for moved_args, moved_grads in neighbouring_cases(case, args, grad_outputs, None, dtype_name)
+    ]
+    return judge_against_truth(spec, case.dtype, with_resamples(_judged(impl, exact, plain, args, names, context), resamples))
+
+
+def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
+    """Blocked by reference when ``case`` with ordinary magnitudes (every scale at most 1) is
+    outside the reference rule too: the values are wrong everywhere, which is the reference
+    contract's defect, not a stability one."""
+    ordinary = replace(case, recipes=tuple(
+        replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
+    ))
+    spec = target.spec
+    with random_state(spec, ordinary):
+        impl = target.execution(ordinary)
+    require_sound(target.contract, impl)
+    args = ordinary.args()
+    names = [recipe.name for recipe in ordinary.recipes]
+    grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
+    exact, plain = reference_truth_and_baseline(spec, ordinary, args, names, grad_outputs)
+    if _outside_reference_rule(spec, ordinary, impl, exact, plain, args, names, grad_outputs, "ordinary magnitudes") is not None:
+        raise Blocked(Defect("reference", f"{spec.display_name} is outside the reference rule at ordinary magnitudes too"), ordinary)
 
 
 def _judge_case(spec: Spec, impl: Execution, dtype: torch.dtype, exact: Evaluated, plain: Evaluated | None, context: str) -> bool:

@@ -38,6 +38,11 @@ def test_wrong_index_in_backward_is_caught_by_the_gradient_contracts(run) -> Non
     failed = {c for c, o in _outcomes(run, name).items() if o is Outcome.FAILED}
     assert "gradcheck" in failed and failed <= GRADIENT_OWNERS, _outcomes(run, name)
     for contract in set(CONTRACTS) - GRADIENT_OWNERS:  # forward is right: nothing else is at fault
+        verdict = run.verdict(contract, name)
+        if contract == "stability" and verdict.outcome == "skipped":
+            # It meets the wrong gradient at extreme magnitudes, and at ordinary ones too: one defect, one failure.
+            assert "blocked by reference: " in verdict.text and "reference" in failed, verdict.text
+            continue
         run.passed(contract, name)
     for contract in failed:
         text = run.failed(contract, name)

@@ -54,7 +54,9 @@ def test_float16_backward_reduction_fails_reference_in_float32(numeric_bugs) -> 
     text = numeric_bugs.failed("reference", "softmax_half_reduction")
     assert "max|grad['x'] - reference|=" in text and "float32" in text
     assert "Mismatched elements:" in text and "Allowed:" in text and "Baseline error" in text
-    numeric_bugs.passed("stability", "softmax_half_reduction")  # finite, just imprecise
+    # Finite, and as imprecise at ordinary magnitudes as at extreme ones: reference's defect alone.
+    stability = numeric_bugs.verdict("stability", "softmax_half_reduction")
+    assert stability.outcome == "skipped" and "blocked by reference: " in stability.text, stability.text
 
 
 def test_layernorm_forgetting_eps_in_backward_fails_stability(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
@@ -68,6 +70,17 @@ def test_masked_attention_nan_rows_fails_stability(numeric_bugs) -> None:  # typ
     # Every example also checks the degenerate family, whose masks fully mask a row.
     text = numeric_bugs.failed("stability", "masked_attention_nan_rows")
     assert "output[0]" in text and "=nan, but should be finite (float64 reference: 0)" in text
+
+
+def test_a_half_precision_accumulator_that_overflows_to_zeros_fails_stability(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    # Finite but wrong: rsqrt(inf) = 0 zeroes the row. Ordinary magnitudes never overflow.
+    run = zoo_run("half_accumulation")
+    text = run.failed("stability", "rms_norm_half_accumulator")
+    assert "max|output[0] - reference|=" in text or "max|grad[" in text, text
+    assert "float16, extreme inputs" in text and "Baseline error" in text
+    run.passed("reference", "rms_norm_half_accumulator")
+    for contract in ("stability", "reference"):
+        run.passed(contract, "rms_norm_float32_accumulator")
 
 
 # --------------------------------------------------------------------------- correct ones pass

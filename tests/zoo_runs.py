@@ -48,6 +48,7 @@ ZOO_RUNS = {
     "grad_and_memory_bugs": ZooRun("grad_and_memory_bugs.py", (*MEMORY_BEHAVIOUR, "gradcheck"), 4),
     "global_state_bugs": ZooRun("global_state_bugs.py", (), 4),
     "gradcheck_bugs": ZooRun("gradcheck_bugs.py", ("gradcheck",), 3),
+    "half_accumulation": ZooRun("half_accumulation.py", NUMERIC, None),
     "float32_output": ZooRun("float32_output.py", ("gradcheck", "gradgradcheck", "reference"), 3),
     "memory_bugs": ZooRun("memory_bugs.py", (), 8),
     "numeric_bugs": ZooRun("numeric_bugs.py", NUMERIC, 4),

@@ -1,0 +1,66 @@
+"""An RMSNorm whose sum of squares is accumulated in the input's dtype, and its twin that
+accumulates in float32: a hurried kernel's classic. In float16 the accumulator overflows to inf
+once |x| reaches a few hundred, rsqrt(inf) is 0, and every output and gradient of that row is a
+finite 0 where the truth is of order 1. Ordinary magnitudes never reach it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from conformance import Scalar, Tensor, register
+
+DTYPES = (torch.float64, torch.float32, torch.float16)
+BLOCK = 16
+
+
+def _mean_of_squares(x: torch.Tensor, accumulator: torch.dtype) -> torch.Tensor:
+    total = torch.zeros((*x.shape[:-1], 1), dtype=accumulator, device=x.device)
+    for start in range(0, x.shape[-1], BLOCK):  # block by block, as a kernel's loop
+        block = x[..., start:start + BLOCK].to(accumulator)
+        total = total + (block * block).sum(-1, keepdim=True)
+    return total / x.shape[-1]
+
+
+def _rms_norm(accumulator_of: Any) -> type[torch.autograd.Function]:
+    class RMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+            accumulator = accumulator_of(x.dtype)
+            rstd = torch.rsqrt(_mean_of_squares(x, accumulator) + eps)
+            ctx.save_for_backward(x, weight, rstd)
+            return (x.to(accumulator) * rstd * weight.to(accumulator)).to(x.dtype)
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+            x, weight, rstd = ctx.saved_tensors
+            wide = rstd.dtype
+            normed = x.to(wide) * rstd
+            scaled = grad_output.to(wide) * weight.to(wide)
+            grad_x = grad_weight = None
+            if ctx.needs_input_grad[0]:
+                grad_x = (rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))).to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_weight = (grad_output.to(wide) * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+            return grad_x, grad_weight, None
+
+    return RMSNorm
+
+
+RMSNormHalfAccumulator = _rms_norm(lambda dtype: dtype)
+RMSNormFloat32Accumulator = _rms_norm(lambda dtype: torch.promote_types(dtype, torch.float32))
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+INPUTS = [Tensor("x", "*batch d"), Tensor("weight", "d"), Scalar("eps", 1e-6)]
+register(RMSNormHalfAccumulator, name="rms_norm_half_accumulator", inputs=INPUTS, reference=_reference, dtypes=DTYPES,
+         double_backward=False)
+register(RMSNormFloat32Accumulator, name="rms_norm_float32_accumulator", inputs=INPUTS, reference=_reference,
+         dtypes=DTYPES, double_backward=False)

@@ -144,3 +144,9 @@ def test_contract_tests_run_function_by_function_and_other_items_keep_their_plac
         "grad_meta[a-cpu]", "reference[a-cpu]", "plain", "grad_meta[b-cpu]", "reference[b-cpu]",
         "grad_meta[a-cuda]", "reference[a-cuda]",
     ]
+    # Slow rows (interpreted Triton) first, in their collected order; the others after them.
+    function_by_function(items, slow=lambda spec, device: device == "cuda" or spec.name == "b")
+    assert [i.name for i in items] == [
+        "grad_meta[b-cpu]", "reference[b-cpu]", "plain", "grad_meta[a-cuda]", "reference[a-cuda]",
+        "grad_meta[a-cpu]", "reference[a-cpu]",
+    ]

@@ -60,7 +60,7 @@ from conformance.engine.report import (
 )
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
 from conformance.engine.stack_room import with_room
-from conformance.engine.triton_interpreter import interpreter_limit, interpreting, pinned_config, uses_triton
+from conformance.engine.triton_interpreter import interpreter_limit, pinned_config, runs_interpreted
 from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import (
     DEFAULT_EXAMPLE_TIMEOUT,
@@ -169,7 +169,7 @@ class Target:
             chosen = tuple(d for d in chosen if d in self.options.dtypes)
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
-        if torch.bfloat16 in chosen and self.device == "cpu" and interpreting() and uses_triton(self.spec.op.module):
+        if torch.bfloat16 in chosen and runs_interpreted(self.spec.op.module, self.device):
             chosen = tuple(d for d in chosen if d != torch.bfloat16)
             if not chosen:
                 self.not_run_here(

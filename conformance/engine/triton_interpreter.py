@@ -46,6 +46,7 @@ __all__ = [
     "interpreter_limit",
     "interpreting",
     "pinned_config",
+    "runs_interpreted",
     "uses_triton",
 ]
 
@@ -71,6 +72,12 @@ def interpreting() -> bool:
     import os
 
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_interpreted(module_name: str, device: str) -> bool:
+    """Whether a Function defined in ``module_name`` runs Triton kernels under the interpreter on
+    ``device`` (milliseconds per launched program: such Functions take 5-30x as long)."""
+    return device == "cpu" and interpreting() and uses_triton(module_name)
 
 
 def uses_triton(module_name: str) -> bool:

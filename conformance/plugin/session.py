@@ -39,6 +39,7 @@ from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import Target
+from conformance.engine.triton_interpreter import runs_interpreted
 from conformance.engine.verdict import Outcome, Verdict, tier_of
 from conformance.engine.watchdog import FlightRecorder
 from conformance.plugin.collection import (
@@ -256,7 +257,7 @@ class ConformanceSession:
         deselect(config, items, self.options)
         if self.options.shard is not None:
             keep_shard(config, items, self.options.shard)
-        function_by_function(items)
+        function_by_function(items, slow=lambda spec, device: runs_interpreted(spec.op.module, device))
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # trylast: inside pytest's own log capture
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:

@@ -53,6 +53,7 @@ from conformance.engine.numerics import (
     floor_ulps,
     judge_against_truth,
     judged_grads,
+    judged_outputs,
     neighbouring_cases,
     reference_truth_and_baseline,
     truth_and_baseline,
@@ -287,11 +288,7 @@ def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = Fal
 
 def _judged_outputs(outputs: Sequence[Any], truth: Evaluated, baseline: Evaluated, where: str) -> list[Judged]:
     """The floating outputs against the truth and baseline (with the truth's term bounds, when measured)."""
-    return [
-        Judged(f"output[{p}]", "output", o, truth.outputs[p], baseline.outputs[p], where, truth.output_terms.get(p))
-        for p, o in enumerate(outputs)
-        if isinstance(o, torch.Tensor) and o.is_floating_point() and p < len(truth.outputs) and isinstance(baseline.outputs[p], torch.Tensor)
-    ]
+    return [value for value in judged_outputs(outputs, truth, baseline, where) if value.actual.is_floating_point()]
 
 
 def _first_finding(

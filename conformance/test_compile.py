@@ -36,12 +36,18 @@ from hypothesis import strategies as st
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Evaluated, outputs_and_grads, preflight
-from conformance.engine.numerics import Judged, judge_against_truth, judged_grads, reference_truth_and_baseline
+from conformance.engine.numerics import (
+    Judged,
+    judge_against_truth,
+    judged_grads,
+    judged_outputs,
+    reference_truth_and_baseline,
+)
 from conformance.engine.report import advise, fail, upstream
 from conformance.engine.repro import torch_only_script
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import dynamo_refuses_jvp, without_guard_latency_profile
-from conformance.engine.triton_interpreter import interpreting, uses_triton
+from conformance.engine.triton_interpreter import runs_interpreted
 from conformance.spec.targets import CustomOpAdapter
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
@@ -128,10 +134,7 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
 
 
 def _judged(results: Evaluated, truth: Evaluated, baseline: Evaluated, where: str, args: list[Any], names: list[str]) -> list[Judged]:
-    values: list[Judged] = []
-    for position, (got, want, base) in enumerate(zip(results.outputs, truth.outputs, baseline.outputs)):
-        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and isinstance(base, torch.Tensor):
-            values.append(Judged(f"output[{position}]", "output", got, want, base, f"{where}, forward", truth.output_terms.get(position)))
+    values = judged_outputs(results.outputs, truth, baseline, f"{where}, forward")
     values += judged_grads(results.grads, truth, baseline, args, names, lambda name: f"{where}, backward, input {name!r}")
     return values
 
@@ -460,7 +463,7 @@ def _recompile_finding(target: Target, backend: str, calls: list[Case], variants
 
 
 def _traceable_here(target: Target) -> None:
-    if target.device == "cpu" and target.spec.op.kind == "autograd.Function" and interpreting() and uses_triton(target.spec.op.module):
+    if target.spec.op.kind == "autograd.Function" and runs_interpreted(target.spec.op.module, target.device):
         target.not_run_here(
             "Dynamo traces Triton kernels with fake tensors, which the Triton interpreter cannot launch "
             "(no data pointers): torch.compile of this Function is checked on a GPU"

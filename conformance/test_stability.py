@@ -52,6 +52,7 @@ from conformance.engine.numerics import (
     compare_finiteness,
     judge_against_truth,
     judged_grads,
+    judged_outputs,
     neighbouring_cases,
     reference_truth_and_baseline,
     truth,
@@ -119,18 +120,15 @@ def check_case(target: Target, case: Case, family: str) -> bool:
 
 
 def _judged(impl: Execution, exact: Evaluated, plain: Evaluated, args: list[Any], names: list[str], context: str) -> list[Judged]:
+    """The floating outputs and the gradients whose shapes match the truth's (the reference contract
+    reports other shapes and non-floating outputs)."""
     fn_name = impl.case.spec.display_name
-    values = [
-        Judged(f"output[{p}]", "output", got, exact.outputs[p], plain.outputs[p], f"{fn_name}.forward, {context}",
-               exact.output_terms.get(p))
-        for p, got in enumerate(impl.outputs)
-        if isinstance(got, torch.Tensor) and got.is_floating_point() and p < min(len(exact.outputs), len(plain.outputs))
-        and isinstance(exact.outputs[p], torch.Tensor) and isinstance(plain.outputs[p], torch.Tensor)
-        and tuple(got.shape) == tuple(exact.outputs[p].shape)
-    ]
-    grads = {name: got for name, got in impl.grads.items() if got is not None and exact.grads.get(name) is not None
-             and tuple(got.shape) == tuple(exact.grads[name].shape)}  # type: ignore[union-attr]
-    return values + judged_grads(grads, exact, plain, args, names, lambda name: f"{fn_name}.backward, input {name!r}, {context}")
+    values = judged_outputs(impl.outputs, exact, plain, f"{fn_name}.forward, {context}")
+    values += judged_grads(
+        {name: got for name, got in impl.grads.items() if got is not None and exact.grads.get(name) is not None},
+        exact, plain, args, names, lambda name: f"{fn_name}.backward, input {name!r}, {context}",
+    )
+    return [v for v in values if v.truth.is_floating_point() and tuple(v.actual.shape) == tuple(v.truth.shape)]
 
 
 def _outside_reference_rule(

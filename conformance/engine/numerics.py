@@ -69,6 +69,7 @@ __all__ = [
     "evaluate_spec",
     "judge_against_truth",
     "judged_grads",
+    "judged_outputs",
     "largest_magnitude",
     "layout_tolerance",
     "multiplier",
@@ -569,6 +570,16 @@ def judge_against_truth(
         if comparison is not None:
             return comparison
     return None
+
+
+def judged_outputs(outputs: Sequence[Any], truth: Evaluated, baseline: Evaluated, where: str) -> list[Judged]:
+    """Each tensor output against the truth's and the baseline's at its position (with the
+    truth's term bounds, when measured); positions where any of the three is not a tensor are left out."""
+    return [
+        Judged(f"output[{position}]", "output", got, want, base, where, truth.output_terms.get(position))
+        for position, (got, want, base) in enumerate(zip(outputs, truth.outputs, baseline.outputs))
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and isinstance(base, torch.Tensor)
+    ]
 
 
 def judged_grads(

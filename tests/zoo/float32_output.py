@@ -14,30 +14,28 @@ from conformance import Tensor, register
 FLOATS = (torch.float64, torch.float32)
 
 
-class Float32Output(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.input_dtype = x.dtype
-        return x.float() * 3
+def _float32_times_three(grad_factor: float) -> type[torch.autograd.Function]:
+    """y = 3 * x.float(); backward returns ``grad_factor * grad_output`` in x's dtype (3 is right)."""
 
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
-        return (grad_output * 3).to(ctx.input_dtype)
+    class Float32Output(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.input_dtype = x.dtype
+            return x.float() * 3
 
+        @staticmethod
+        def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+            return (grad_output * grad_factor).to(ctx.input_dtype)
 
-class Float32OutputDoubledGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.input_dtype = x.dtype
-        return x.float() * 3
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
-        return (grad_output * 6).to(ctx.input_dtype)
+    return Float32Output
 
 
-register(Float32Output, name="float32_output", inputs=[Tensor("x", "*batch n")], reference=lambda x: x.float() * 3, dtypes=FLOATS)
+def _reference(x: torch.Tensor) -> torch.Tensor:
+    return x.float() * 3
+
+
+register(_float32_times_three(3), name="float32_output", inputs=[Tensor("x", "*batch n")], reference=_reference, dtypes=FLOATS)
 register(
-    Float32OutputDoubledGrad, name="float32_output_doubled_grad", inputs=[Tensor("x", "*batch n")],
-    reference=lambda x: x.float() * 3, dtypes=FLOATS,
+    _float32_times_three(6), name="float32_output_doubled_grad", inputs=[Tensor("x", "*batch n")], reference=_reference,
+    dtypes=FLOATS,
 )

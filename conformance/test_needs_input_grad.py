@@ -6,7 +6,6 @@ at most ``EXHAUSTIVE_INPUTS`` of them, so a swapped index is found on any seed):
 * with no input requiring grad, forward still works and returns outputs without grad;
 * every needed gradient is returned (not None) and equals the one the same backward returns
   when every input requires grad (same inputs, same dtype, same grad_outputs, same RNG seed);
-* backward returns None for tensor inputs the spec declares ``requires_grad=False``.
 
 The efficiency half -- None for a differentiable input that merely does not require grad in
 this call, instead of a gradient the engine silently drops -- is the separate contract

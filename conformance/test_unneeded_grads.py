@@ -7,6 +7,9 @@ work -- unless one fused kernel computes every gradient in a single pass anyway 
 a flash attention backward). A spec says so with ``register(..., waivers={"unneeded_grads":
 "dq, dk, dv come from one fused kernel"})``; the test is then skipped with that reason and the
 report's matrix shows it as waived.
+
+A gradient returned for a tensor input the spec declares ``requires_grad=False`` (a frozen bias)
+is dropped the same way, unchecked: advice here too, never a defect.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ FINDINGS: dict[str, dict[str, Outcome]] = {
     "undeclared_softplus": {"gradgradcheck": Outcome.ADVICE},
     "linear_recurrence": {"compile": Outcome.ADVICE},  # its by-product grad x is no unneeded work
     "synthesis_bank": {},  # dlow and dhigh are halves of one transposed convolution
+    "frozen_bias_linear": {"unneeded_grads": Outcome.ADVICE},  # grad b for a bias declared requires_grad=False
 }
 
 

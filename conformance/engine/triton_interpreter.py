@@ -19,8 +19,9 @@ gaps and cuts that cost, process-wide:
   fails ("'float' object has no attribute 'to'"): they become float32 scalars, as a compiled
   kernel receives them.
 * Speed: a ``@triton.jit`` helper called inside a launch does not patch triton.language again,
-  once per program, when the launch already did (a quarter of the reference kernels' time); a
-  launch patches the builtins listed at the first launch, without ``inspect.getmembers``.
+  once per program, when the launch already did (a quarter of the reference kernels' time);
+  without CUDA, triton.language stays patched after the first launch instead of being patched
+  and restored around each one (a tenth).
 
 The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
 interpreter. Import this module freely: it imports triton only inside its functions.
@@ -330,34 +331,53 @@ def _patch_bfloat16_launches() -> None:
 
 # The triton.language modules the running launch patched (an empty tuple between launches).
 _PATCHED_LANGS: dict[str, tuple[Any, ...]] = {"langs": ()}
+# The language modules patched for the rest of the process (only where no native launch can happen).
+_KEPT_PATCHED: list[Any] = []
 
 
 def _patch_device_function_calls() -> None:
-    """Speed only: the interpreter re-patches triton.language (``inspect.getmembers`` over four
-    modules) on every call of a ``@triton.jit`` helper, once per program; inside a launch that
-    already patched the helper's language modules the call goes straight to the helper. Any
-    other call (another module's language, no launch running) keeps the interpreter's path."""
+    """Speed only, two costs of the interpreter's per-call patching of triton.language
+    (``inspect.getmembers`` over four modules, a new wrapper per builtin, all restored after):
+
+    * a ``@triton.jit`` helper called inside a launch that already patched its language modules
+      goes straight to the helper (the interpreter patches again once per program); any other call
+      (another module's language, no launch running) keeps the interpreter's path;
+    * without CUDA, where nothing in the process can compile a kernel natively (the only code that
+      calls the builtins unpatched), a module once patched stays patched: each later launch skips
+      the patching and its restore (a tenth of the reference kernels' time). With CUDA each launch
+      patches and restores, as the interpreter does."""
     import inspect
 
+    import torch
     from triton.runtime import interpreter
 
-    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_patch_builtin", "_patch_attr", "InterpretedFunction", "InterpreterError")):
+    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_LangPatchScope", "InterpretedFunction", "InterpreterError")):
         return  # another interpreter layout: leave it as it is
     original_patch = interpreter._patch_lang
     original_call = interpreter.InterpretedFunction.__call__
+    keep_patched = not torch.cuda.is_available()
 
     def languages(fn: Any) -> tuple[Any, ...]:
         return tuple(value for value in fn.__globals__.values() if inspect.ismodule(value) and value in (interpreter.tl, interpreter.tl.core))
 
     def patch_lang(fn: Any) -> Any:
-        scope = original_patch(fn)
+        langs = languages(fn)
+        if not keep_patched:
+            scope = original_patch(fn)
+            undo = scope.restore
+        elif any(lang not in _KEPT_PATCHED for lang in langs):
+            original_patch(fn)  # its scope is never restored
+            _KEPT_PATCHED.extend(lang for lang in langs if lang not in _KEPT_PATCHED)
+            scope, undo = interpreter._LangPatchScope(), None
+        else:
+            scope, undo = interpreter._LangPatchScope(), None
         before = _PATCHED_LANGS["langs"]
-        _PATCHED_LANGS["langs"] = (*before, *languages(fn))
-        restore = scope.restore
+        _PATCHED_LANGS["langs"] = (*before, *langs)
 
         def restore_and_forget() -> None:
             _PATCHED_LANGS["langs"] = before
-            restore()
+            if undo is not None:
+                undo()
 
         scope.restore = restore_and_forget
         return scope
@@ -372,24 +392,7 @@ def _patch_device_function_calls() -> None:
         except Exception as error:
             raise interpreter.InterpreterError(repr(error)) from error
 
-    original_builtins = interpreter._patch_builtin
-    builtins_of: dict[int, tuple[Any, list[tuple[str, Any]]]] = {}
-
-    def patch_builtins(pkg: Any, builder: Any, scope: Any) -> None:
-        # A launch patches the same builtins every time: which they are is listed once (outside
-        # any launch, where the modules hold the originals), not by inspect.getmembers per launch.
-        listed = builtins_of.get(id(pkg))
-        if listed is None or listed[0] is not pkg:
-            if _PATCHED_LANGS["langs"]:
-                original_builtins(pkg, builder, scope)
-                return
-            members = [(name, member) for name, member in inspect.getmembers(pkg) if interpreter.tl.core.is_builtin(member)]
-            listed = builtins_of[id(pkg)] = (pkg, members)
-        for name, member in listed[1]:
-            interpreter._patch_attr(pkg, name, member, builder, scope)
-
     interpreter._patch_lang = patch_lang
-    interpreter._patch_builtin = patch_builtins
     interpreter.InterpretedFunction.__call__ = call
 
 

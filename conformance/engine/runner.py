@@ -389,6 +389,7 @@ class Target:
         property_ = self._property(check)
         if self.replay_draws is not None:
             try:
+                self._blocked_by_a_hang()
                 property_(ReplayData(self.replay_draws))
             except ExampleAborted as aborted:
                 raise aborted.failure from None
@@ -412,6 +413,7 @@ class Target:
         if self.literals is None:
             self.literals = snapshot([self.spec])[self.spec.name]
         try:
+            self._blocked_by_a_hang()  # once per test: a read of the run's hang notes
             with drawing_from(self.literals):
                 for corner, examples in self._phases(max_examples):
                     try:
@@ -563,7 +565,6 @@ class Target:
             self.last_draws = recorder.draws
             stack_file = self.flight.stack_file if self.flight is not None else None
             try:
-                self._blocked_by_a_hang()  # once per example: a read of the run's hang notes
                 # Whatever torch's global state is when the example starts (a spec module may
                 # have turned grad mode off at import), it runs under the pinned defaults.
                 with example_deadline(self.example_timeout, phase=phase, stack_file=stack_file) as interrupts:

@@ -9,6 +9,7 @@ xdist workers and forked children), and its :class:`ContractTest` in ``item.stas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 from collections import Counter
@@ -164,6 +165,16 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item], shard: tuple[int
         items[:] = kept
 
 
+@functools.lru_cache(maxsize=256)  # asked once per test, with a few distinct files
+def _contract_file(run_dir: Path, path: Path) -> tuple[str, ...]:
+    """A contract file as the rerun command names it: its path relative to ``run_dir`` (a copy in
+    the directory pytest ran in), else ``--pyargs`` and its module (an installed copy)."""
+    run_dir, path = run_dir.resolve(), path.resolve()
+    if run_dir in path.parents and not {"site-packages", "dist-packages"} & set(path.parts):
+        return (os.path.relpath(path, run_dir),)
+    return ("--pyargs", f"conformance.{path.stem}")
+
+
 def rerun_command(run_dir: Path, item: pytest.Item, options: RunOptions, device: str) -> str:
     """The command that replays ``item``'s examples, for how this suite was loaded.
 
@@ -171,12 +182,8 @@ def rerun_command(run_dir: Path, item: pytest.Item, options: RunOptions, device:
     installed one by ``--pyargs``. ``python -m pytest`` puts that directory on ``sys.path``
     like the run had it. Every option that shapes the examples is spelled out.
     """
-    run_dir = run_dir.resolve()
-    path = Path(item.path).resolve()
-    if run_dir in path.parents and not {"site-packages", "dist-packages"} & set(path.parts):
-        target = [f"{os.path.relpath(path, run_dir)}::{item.name}"]
-    else:
-        target = ["--pyargs", f"conformance.{path.stem}::{item.name}"]
+    *flags, where = _contract_file(run_dir, Path(item.path))
+    target = [*flags, f"{where}::{item.name}"]
     parts = ["python", "-m", "pytest", *target, f"--impl={options.impl}", f"--device={device}",
              f"--seed={options.seed}", f"--profile={options.profile}"]
     if options.max_examples is not None:

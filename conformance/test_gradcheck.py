@@ -29,11 +29,17 @@ from conformance.engine.finite_differences import (
     NONDET_TOL,
     SLOW_ATOL,
     SLOW_RTOL,
+    jacobian_mismatch,
     unresolvable_outputs,
 )
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
-from conformance.engine.torch_text import gradcheck_input, gradcheck_not_reentrant, without_slow_mode_jacobians
+from conformance.engine.torch_text import (
+    gradcheck_input,
+    gradcheck_not_reentrant,
+    jacobian_pair,
+    without_slow_mode_jacobians,
+)
 from strategies.cases import CaseOptions
 
 SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
@@ -97,12 +103,16 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
                 "Declare nondeterministic=True if the op is random by design; otherwise backward depends on "
                 "state it changes (a saved buffer updated in place, an RNG drawn in backward).",
             )
-        index = gradcheck_input(message)
+        # The reported example names the worst Jacobian entry instead of printing both Jacobians.
+        located = jacobian_mismatch(call, wrt_tensors, atol=atol, rtol=rtol, pair=jacobian_pair(message)) if target.reporting() else None
+        index = located.input if located is not None else gradcheck_input(message)
         argument = names[index] if index is not None else ", ".join(names)
+        where = f"[torch.autograd.gradcheck, float64, {'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]"
+        if located is None:
+            fail(f"analytical grad[{argument!r}] != numerical {where}", message.strip())
         fail(
-            f"analytical grad[{argument!r}] != numerical [torch.autograd.gradcheck, float64, "
-            f"{'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]",
-            message.strip(),
+            f"analytical grad[{argument!r}] != numerical: {located.entry(f'output[{located.output}]', argument)} {where}",
+            *located.details(f"output[{located.output}]", repr(argument), "torch.autograd.gradcheck"),
         )
     target.checked()
 

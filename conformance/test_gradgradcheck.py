@@ -40,14 +40,20 @@ from conformance.engine.evaluate import (
     preflight,
     recorded_function_of_tensors,
 )
-from conformance.engine.finite_differences import FD_EPS, FD_SPACING, NONDET_TOL, unresolvable_outputs
+from conformance.engine.finite_differences import (
+    FD_EPS,
+    FD_SPACING,
+    NONDET_TOL,
+    jacobian_mismatch,
+    unresolvable_outputs,
+)
 from conformance.engine.harness import fixed_rng
 from conformance.engine.probe import Recorder
 from conformance.engine.report import advise, fail
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
-    gradgradcheck_output_and_input,
     is_once_differentiable_node,
+    jacobian_pair,
     raised_by_once_differentiable,
     without_slow_mode_jacobians,
 )
@@ -171,18 +177,45 @@ def _check_twice_differentiable(
         return
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
-    match = gradgradcheck_output_and_input(message)
+    match = jacobian_pair(message)
     # The same call, recorded: the saved tensors tell a constant computed in forward.
     probed_call, recorder = recorded_function_of_tensors(case, list(args), wrt_positions)
     cause = _diagnose(probed_call, recorder, case, wrt, names, wrt_labels, match, args)
-    if match is not None:
-        output, against = match
-        present = [n for n, g in zip(names, _first_grads(call, case, wrt)[1]) if g is not None]
-        grad_name = present[output] if output < len(present) else f"#{output}"
-        summary = f"d(grad[{grad_name!r}])/d({wrt_labels[against]}) analytical != numerical [{mode}]"
-    else:
-        summary = f"second derivatives analytical != numerical [{mode}]"
-    fail(summary, cause, message)
+    # The reported example names the worst entry instead of printing both Jacobians.
+    atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
+    located = (
+        jacobian_mismatch(_first_derivatives(call, len(wrt)), (*wrt, *grad_outputs), atol=atol, rtol=rtol, pair=match)
+        if target.reporting() else None
+    )
+    if located is not None:
+        match = (located.output, located.input)
+    if match is None:
+        fail(f"second derivatives analytical != numerical [{mode}]", cause, message)
+    output, against = match
+    present = [n for n, g in zip(names, _first_grads(call, case, wrt)[1]) if g is not None]
+    grad_name = present[output] if output < len(present) else f"#{output}"
+    summary = f"d(grad[{grad_name!r}])/d({wrt_labels[against]}) analytical != numerical"
+    if located is None:
+        fail(f"{summary} [{mode}]", cause, message)
+    plain_labels = [*names, *(f"grad_output[{i}]" for i in range(len(grad_outputs)))]
+    fail(
+        f"{summary}: {located.entry(f'grad[{grad_name!r}]', plain_labels[against])} [{mode}]",
+        *((cause,) if cause else ()),
+        *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck"),
+    )
+
+
+def _first_derivatives(call: Any, count: int) -> Any:
+    """The function whose Jacobian gradgradcheck checks: the first ``count`` tensors are the
+    inputs, the rest grad_outputs; it returns the input gradients that are not None."""
+
+    def first(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs, grad_outputs = tensors[:count], tensors[count:]
+        outputs = _diff_outputs(call(*inputs))
+        grads = torch.autograd.grad(outputs, inputs, grad_outputs, create_graph=True, allow_unused=True)
+        return tuple(g for g in grads if g is not None)
+
+    return first
 
 
 def _diagnose(

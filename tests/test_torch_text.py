@@ -19,8 +19,8 @@ from conformance.engine.torch_text import (
     dynamo_refuses_jvp,
     gradcheck_input,
     gradcheck_not_reentrant,
-    gradgradcheck_output_and_input,
     is_once_differentiable_node,
+    jacobian_pair,
     modified_no_grad_view,
     modified_saved_tensor,
     raised_by_once_differentiable,
@@ -181,8 +181,8 @@ def test_gradcheck_reports_a_backward_that_is_not_reentrant() -> None:
 def test_gradgradcheck_names_the_gradient_and_the_input() -> None:
     message = _gradcheck_message(torch.autograd.gradgradcheck, DetachedSecondDerivative.apply, _inputs())
     # grad[y] (output 1 of the first derivative) is wrong with respect to x (input 0).
-    assert gradgradcheck_output_and_input(message) == (1, 0), message[:300]
-    assert gradgradcheck_output_and_input("no such phrase") is None
+    assert jacobian_pair(message) == (1, 0), message[:300]
+    assert jacobian_pair("no such phrase") is None
 
 
 def test_double_backward_through_once_differentiable() -> None:

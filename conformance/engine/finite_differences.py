@@ -1,9 +1,10 @@
 """Finite-difference settings shared by the gradcheck, gradgradcheck and forward_ad contracts
-(and the benchmarks that price them)."""
+(and the benchmarks that price them), and the location of a Jacobian mismatch for their reports."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,9 +15,12 @@ __all__ = [
     "FD_EPS",
     "FD_SPACING",
     "GRADCHECK_FAST_MODE_ELEMENTS",
+    "LOCATED_JACOBIAN_ENTRIES",
     "NONDET_TOL",
     "SLOW_ATOL",
     "SLOW_RTOL",
+    "JacobianMismatch",
+    "jacobian_mismatch",
     "unresolvable_outputs",
 ]
 
@@ -61,3 +65,165 @@ def unresolvable_outputs(outputs: Sequence[Any]) -> str | None:
         f"{', '.join(coarse)} for float64 inputs: finite differences (eps={FD_EPS:g}) cannot resolve a "
         "lower-precision output; the reference contract compares the gradients with the float64 truth"
     )
+
+
+# A failing gradcheck's report locates the worst Jacobian entry for (output, input) pairs of up
+# to this many entries (slow mode has at most GRADCHECK_FAST_MODE_ELEMENTS ** 2 / 4).
+LOCATED_JACOBIAN_ENTRIES = 1 << 16
+
+
+@dataclass(frozen=True)
+class JacobianMismatch:
+    """Where an analytical Jacobian (from backward) differs from the central differences: the
+    entry furthest outside ``atol + rtol * |numerical|``, how many are outside, and a pattern."""
+
+    output: int
+    input: int
+    at_output: tuple[int, ...]
+    at_input: tuple[int, ...]
+    analytical: float
+    numerical: float
+    count: int
+    total: int
+    pattern: str
+    row: str  # the worst entry's row (d output[...] / d input), both ways, near its column
+
+    def entry(self, output_name: str, input_name: str) -> str:
+        out_at = f"[{', '.join(map(str, self.at_output))}]" if self.at_output else ""
+        in_at = f"[{', '.join(map(str, self.at_input))}]" if self.at_input else ""
+        return (
+            f"d {output_name}{out_at} / d {input_name}{in_at}={self.analytical:.6g}, but should be "
+            f"{self.numerical:.6g} (numerical); {self.count} of {self.total} entries differ"
+        )
+
+    def details(self, output_name: str, input_name: str, check: str) -> tuple[str, ...]:
+        """The report's lines after its summary: the pattern, the worst entry's row, and where the
+        full Jacobians are."""
+        return (
+            *((self.pattern,) if self.pattern else ()),
+            f"The worst entry's row: {self.row}.",
+            f"Rows are the elements of {output_name}, columns those of {input_name}, flattened; {check}(fn, inputs, "
+            "eps=1e-6) prints both Jacobians in full.",
+        )
+
+
+def jacobian_mismatch(
+    call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], *, atol: float, rtol: float,
+    pair: tuple[int, int] | None = None,
+) -> JacobianMismatch | None:
+    """The first (output, input) pair -- ``pair`` when given, as torch's message named it -- whose
+    analytical Jacobian (one backward per output element, like gradcheck's slow mode) differs from
+    central differences at ``FD_EPS``, located; None when none differs here or a pair is too large
+    (``LOCATED_JACOBIAN_ENTRIES``) or complex. Only for a failure's report: it calls ``call``
+    twice per input element."""
+    if any(t.is_complex() for t in wrt):
+        return None
+    try:
+        return _first_located(call, wrt, atol, rtol, pair)
+    except Exception:  # a Function that cannot repeat its backward this way: torch's own message is reported
+        return None
+
+
+def _first_located(
+    call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], atol: float, rtol: float, pair: tuple[int, int] | None
+) -> JacobianMismatch | None:
+    inputs = [t.detach().clone().requires_grad_() for t in wrt]
+    outputs = _differentiable(call(*inputs))
+    pairs = [pair] if pair is not None else [(o, i) for o in range(len(outputs)) for i in range(len(inputs))]
+    for output_index, input_index in pairs:
+        if output_index >= len(outputs) or input_index >= len(inputs):
+            continue
+        output, source = outputs[output_index], inputs[input_index]
+        if output.is_complex() or output.numel() * source.numel() > LOCATED_JACOBIAN_ENTRIES:
+            continue
+        analytical = _analytical_jacobian(output, source)
+        numerical = _numerical_jacobian(call, wrt, output_index, input_index)
+        found = _located(analytical, numerical, output, source, output_index, input_index, atol, rtol)
+        if found is not None:
+            return found
+    return None
+
+
+def _differentiable(outputs: Sequence[Any]) -> list[torch.Tensor]:
+    """The outputs torch's gradcheck numbers ("output 0"): the tensors that require grad."""
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
+def _analytical_jacobian(output: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    rows = torch.zeros(output.numel(), source.numel(), dtype=torch.float64)
+    for k in range(output.numel()):
+        one_hot = torch.zeros(output.numel(), dtype=output.dtype, device=output.device)
+        one_hot[k] = 1
+        (grad,) = torch.autograd.grad(output, source, one_hot.view_as(output), retain_graph=True, allow_unused=True)
+        if grad is not None:
+            rows[k] = grad.detach().reshape(-1).to("cpu", torch.float64)
+    return rows
+
+
+def _numerical_jacobian(call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], output_index: int, input_index: int) -> torch.Tensor:
+    # Grad mode stays on and the inputs require grad, as for the analytical side: a function of
+    # first derivatives (gradgradcheck's) runs backward inside, and the same outputs require grad.
+    def output_at(moved: torch.Tensor) -> torch.Tensor:
+        args = [t.detach().requires_grad_() for t in wrt]
+        args[input_index] = moved.requires_grad_()
+        return _differentiable(call(*args))[output_index].detach().reshape(-1).to("cpu", torch.float64)
+
+    base = wrt[input_index].detach()
+    columns = []
+    for j in range(base.numel()):
+        plus, minus = base.clone(), base.clone()
+        plus.view(-1)[j] += FD_EPS
+        minus.view(-1)[j] -= FD_EPS
+        columns.append((output_at(plus) - output_at(minus)) / (2 * FD_EPS))
+    return torch.stack(columns, dim=1)
+
+
+def _located(
+    analytical: torch.Tensor, numerical: torch.Tensor, output: torch.Tensor, source: torch.Tensor,
+    output_index: int, input_index: int, atol: float, rtol: float,
+) -> JacobianMismatch | None:
+    excess = (analytical - numerical).abs() - (atol + rtol * numerical.abs())
+    excess = torch.where(excess.isnan(), torch.inf, excess)  # a NaN differs from everything, as in gradcheck
+    outside = excess > 0
+    if not bool(outside.any()):
+        return None
+    k, j = divmod(int(excess.reshape(-1).argmax()), source.numel())
+    return JacobianMismatch(
+        output=output_index, input=input_index,
+        at_output=_unravel(k, output.shape), at_input=_unravel(j, source.shape),
+        analytical=float(analytical[k, j]), numerical=float(numerical[k, j]),
+        count=int(outside.sum()), total=outside.numel(),
+        pattern=_pattern(analytical[outside], numerical[outside], atol),
+        row=_row(analytical[k], numerical[k], j),
+    )
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))) if len(shape) else ()
+
+
+def _pattern(analytical: torch.Tensor, numerical: torch.Tensor, atol: float) -> str:
+    """What the differing entries have in common, when it is one of the shapes a backward bug takes."""
+    if not bool(analytical.isfinite().all()):
+        return "backward gives non-finite derivatives where the numerical ones are finite"
+    if bool((numerical.abs() <= atol).all()):
+        return "at every differing entry the numerical derivative is 0: backward gives gradient to elements the output does not depend on"
+    if bool((analytical.abs() <= atol).all()):
+        return "at every differing entry the analytical derivative is 0: backward leaves out elements the output depends on"
+    both = (analytical.abs() > atol) & (numerical.abs() > atol)
+    if bool(both.all()):
+        ratio = analytical / numerical
+        if float((ratio - ratio[0]).abs().max()) <= 1e-3 * abs(float(ratio[0])):
+            return f"analytical = {float(ratio[0]):.6g} x numerical at every differing entry: a missing or extra factor"
+    return ""
+
+
+def _row(analytical: torch.Tensor, numerical: torch.Tensor, column: int, width: int = 8) -> str:
+    start = max(0, min(column - width // 2, analytical.numel() - width))
+    stop = min(analytical.numel(), start + width)
+    where = f"columns {start}-{stop - 1} of {analytical.numel()}" if stop - start < analytical.numel() else "all columns"
+    return f"({where}) analytical [{_values(analytical[start:stop])}], numerical [{_values(numerical[start:stop])}]"
+
+
+def _values(row: torch.Tensor) -> str:
+    return ", ".join(f"{float(v):.4g}" for v in row)

@@ -23,8 +23,8 @@ __all__ = [
     "dynamo_refuses_jvp",
     "gradcheck_input",
     "gradcheck_not_reentrant",
-    "gradgradcheck_output_and_input",
     "is_once_differentiable_node",
+    "jacobian_pair",
     "modified_no_grad_view",
     "modified_saved_tensor",
     "raised_by_once_differentiable",
@@ -40,7 +40,7 @@ PINNED_TORCH = "2.13"
 JIT_SCRIPT_DEPRECATION = r".*torch\.jit\.script.* is deprecated"
 
 _GRADCHECK_INPUT = re.compile(r"with respect to input (\d+)")
-_GRADGRADCHECK_PAIR = re.compile(r"output (\d+) with respect to input (\d+)")
+_JACOBIAN_PAIR = re.compile(r"output (\d+) with respect to input (\d+)")
 
 
 _SLOW_MODE_STEP = "_run_slow_mode_and_get_error"  # torch.autograd.gradcheck's, called by name
@@ -104,11 +104,11 @@ def gradcheck_input(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def gradgradcheck_output_and_input(message: str) -> tuple[int, int] | None:
-    """``(output, input)`` a gradgradcheck ``GradcheckError`` names ("Jacobian mismatch for output
-    0 with respect to input 2"): the output is a first-order gradient, the input one of the
+def jacobian_pair(message: str) -> tuple[int, int] | None:
+    """``(output, input)`` a ``GradcheckError`` names ("Jacobian mismatch for output 0 with respect
+    to input 2"); for gradgradcheck the output is a first-order gradient and the input one of the
     function's inputs followed by the grad_outputs. None when it names none."""
-    match = _GRADGRADCHECK_PAIR.search(message)
+    match = _JACOBIAN_PAIR.search(message)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 

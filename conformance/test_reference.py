@@ -108,6 +108,14 @@ def _judge_dtype(
                 f"{tuple(got.shape)} [spec {spec.name!r}, reference=, {dtype_name}]",
                 REFERENCE_BLAME,
             )
+        if isinstance(base, torch.Tensor) and got.dtype != base.dtype:
+            fail(
+                f"output[{position}].dtype={got.dtype}, but should be {base.dtype} like the reference's on the same "
+                f"inputs [{where}]",
+                f"A caller gets another dtype than from the op this Function replaces (memory, and every later "
+                f"op's type promotion). If {got.dtype} is by design (a float32 statistic such as a logsumexp), "
+                "make reference= return it too.",
+            )
         moved = [(b.outputs[position], t.outputs[position]) for b, t in resamples]
         pairs.append((f"output[{position}]", "output", got, want, base, moved, where, truth.output_terms.get(position)))
     for name, got in impl.grads.items():

@@ -83,6 +83,15 @@ def test_a_half_precision_accumulator_that_overflows_to_zeros_fails_stability(zo
         run.passed(contract, "rms_norm_float32_accumulator")
 
 
+def test_an_output_of_another_dtype_than_the_references_fails_reference(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    # Right values in float32 for float16 inputs, where the reference (torch.logsumexp) gives float16.
+    run = zoo_run("half_accumulation")
+    text = run.failed("reference", "logsumexp_float32_result")
+    assert "output[0].dtype=torch.float32, but should be torch.float16 like the reference's" in text, text
+    for contract in ("stability", "reference"):
+        run.passed(contract, "logsumexp_input_dtype_result")
+
+
 # --------------------------------------------------------------------------- correct ones pass
 
 

@@ -1,7 +1,11 @@
 """An RMSNorm whose sum of squares is accumulated in the input's dtype, and its twin that
 accumulates in float32: a hurried kernel's classic. In float16 the accumulator overflows to inf
 once |x| reaches a few hundred, rsqrt(inf) is 0, and every output and gradient of that row is a
-finite 0 where the truth is of order 1. Ordinary magnitudes never reach it."""
+finite 0 where the truth is of order 1. Ordinary magnitudes never reach it.
+
+A logsumexp over the last dim that accumulates in float32 and returns that float32 result for
+float16 inputs (the downcast forgotten), and its twin that returns the input's dtype: the values
+are right, the dtype is not the reference's."""
 
 from __future__ import annotations
 
@@ -64,3 +68,28 @@ register(RMSNormHalfAccumulator, name="rms_norm_half_accumulator", inputs=INPUTS
          double_backward=False)
 register(RMSNormFloat32Accumulator, name="rms_norm_float32_accumulator", inputs=INPUTS, reference=_reference,
          dtypes=DTYPES, double_backward=False)
+
+
+def _logsumexp(downcast: bool) -> type[torch.autograd.Function]:
+    class LogSumExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            wide = x.to(torch.promote_types(x.dtype, torch.float32))
+            peak = wide.amax(-1, keepdim=True)
+            lse = (peak + (wide - peak).exp().sum(-1, keepdim=True).log()).squeeze(-1)
+            ctx.save_for_backward(x, lse)
+            return lse.to(x.dtype) if downcast else lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+            x, lse = ctx.saved_tensors
+            weights = (x.to(lse.dtype) - lse.unsqueeze(-1)).exp()
+            return (grad_output.to(lse.dtype).unsqueeze(-1) * weights).to(x.dtype)
+
+    return LogSumExp
+
+
+for _downcast, _name in ((False, "logsumexp_float32_result"), (True, "logsumexp_input_dtype_result")):
+    register(_logsumexp(_downcast), name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: torch.logsumexp(x, -1),
+             dtypes=DTYPES, double_backward=False)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,6 +230,9 @@ def coverage_corners(
     def batch_fits(name: str, rows: int) -> bool:
         return within_budget(smallest, {**no_batch, name: (rows,)})
 
+    def ranks_fit(sizes: Mapping[str, int], ranks: Mapping[str, int]) -> bool:
+        return within_budget(sizes, {**no_batch, **{name: (2,) * rank for name, rank in ranks.items()}})
+
     size_rows: list[dict[str, int]] = []
     small_items: list[tuple[str, int]] = []
     for name in names:
@@ -288,11 +291,14 @@ def coverage_corners(
             else tuple((label, kind_level(label, index, count)) for label, count in kinds)
         )
         big_batch = big_batches.get(index)
+        ranks = {
+            str(f.key): level for f, level in zip(factors, levels) if f.kind == "batch" and (big_batch is None or f.key != big_batch[0])
+        }
+        if index < len(sized):  # a size corner keeps its sizes: its batch ranks give way to the budget
+            ranks = _ranks_within(ranks, sizes, ranks_fit)
         corners.append(Corner(
             sizes=tuple(sizes.items()),
-            batch_ranks=tuple(
-                (f.key, level) for f, level in zip(factors, levels) if f.kind == "batch" and (big_batch is None or f.key != big_batch[0])
-            ),
+            batch_ranks=tuple(ranks.items()),
             batch_shapes=(big_batch,) if big_batch is not None else (),
             dtype_index=dtype_index,
             choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice") + kind_levels,
@@ -360,6 +366,19 @@ def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[to
             parts.append(f"{a} vs {b}: {', '.join(orders)}")
     parts.append(f"dtypes {len({c.dtype_index for c in corners})}/{len(dtypes)}")
     return f"{len(corners)} corners: " + "; ".join(parts)
+
+
+def _ranks_within(
+    ranks: dict[str, int], sizes: Mapping[str, int], fits: Callable[[Mapping[str, int], Mapping[str, int]], bool]
+) -> dict[str, int]:
+    """``ranks`` with the largest lowered by one at a time until ``fits(sizes, ranks)`` (a corner of
+    ``sizes`` with these batch ranks within the element budget): a declared block's b+1 corner
+    (257 for a block of 256) paired with a batch row would otherwise be halved to fit, and never drawn."""
+    ranks = dict(ranks)
+    while not fits(sizes, ranks) and any(ranks.values()):
+        largest = max(ranks, key=lambda name: ranks[name])
+        ranks[largest] -= 1
+    return ranks
 
 
 def _relation(sizes: Mapping[str, int], pair: tuple[str, str]) -> int:

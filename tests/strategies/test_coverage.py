@@ -93,6 +93,24 @@ def test_a_tight_budget_lowers_the_big_size_and_zero_is_a_corner_where_allowed()
     assert all(s["r"] * s["c"] <= 40 for s in sizes)
 
 
+@pytest.mark.parametrize("pairwise", [False, True])
+def test_a_declared_blocks_sizes_keep_their_corner_and_give_up_the_batch_rows_instead(pairwise: bool) -> None:
+    """b+1 = 257 fills the 512-element budget alone: a batch rank the pairwise array pairs with it
+    gives way (a batch row of 2 would have halved n to 129, and 257 would never be drawn)."""
+    spec = checked_spec([Tensor("x", "*batch n")], dims=[Dim("n", block_sizes=(256,))], dtypes=(torch.float32, torch.float16))
+    options = CaseOptions(requires_grad="subsets", layouts=("contiguous", "transposed"), grad_output_kinds=("random", "zeros"))
+    corners = coverage_corners(
+        spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=2, kinds=case_kinds(spec, options), pairwise_kinds=pairwise,
+    )
+    by_n = {dict(c.sizes)["n"]: c for c in corners}
+    assert {255, 256, 257} <= set(by_n), sorted(by_n)
+    assert pairwise is False or any(c.batch_rank("batch") for c in corners)  # the pairs still have batch rows
+    corner = by_n[257]
+    assert corner.batch_rank("batch") == 0, corner
+    for case in collect_examples(cases(spec, CaseOptions(dtypes=spec.dtypes, corner=corner)), 2):
+        assert case.sizes["n"] == 257 and case.batches["batch"] == (), (case.sizes, case.batches)
+
+
 def test_an_index_with_sentinels_is_a_pairwise_factor() -> None:
     spec = checked_spec([Tensor("logits", "n c"), Index("target", "n", high="c", sentinels=(-100,)), Scalar("ignore_index", -100)])
     corners = coverage_corners(spec, dtypes=(torch.float64,), max_elements=512, max_batch_dims=2)

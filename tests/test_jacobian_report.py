@@ -4,6 +4,8 @@ Functions with one known derivative bug each."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -86,3 +88,14 @@ def test_a_pair_too_large_or_a_backward_that_raises_is_left_to_torchs_message() 
         raise RuntimeError("backward runs once")
 
     assert jacobian_mismatch(_square(raising), (_x(),), atol=1e-5, rtol=1e-3) is None
+
+
+def test_a_forward_that_is_not_finite_near_the_inputs_is_named_as_such() -> None:
+    def call(x: torch.Tensor) -> tuple[torch.Tensor]:  # x = 2.0 overflows to inf
+        return (torch.where(x > 1.9, x * float("inf"), x * x),)
+
+    found = jacobian_mismatch(call, (_x(),), atol=1e-5, rtol=1e-3)
+    assert found is not None and "forward returns inf or NaN" in found.pattern, found
+    at_nan = dataclasses.replace(found, analytical=-math.inf, numerical=math.nan)
+    text = at_nan.entry("output[0]", "x")
+    assert "=-inf, and the numerical derivative is nan: output[0] is not finite near these inputs" in text, text

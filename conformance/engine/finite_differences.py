@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,9 +93,15 @@ class JacobianMismatch:
     def entry(self, output_name: str, input_name: str) -> str:
         out_at = f"[{', '.join(map(str, self.at_output))}]" if self.at_output else ""
         in_at = f"[{', '.join(map(str, self.at_input))}]" if self.at_input else ""
+        differ = f"{self.count} of {self.total} entries differ"
+        if not math.isfinite(self.numerical):
+            return (
+                f"d {output_name}{out_at} / d {input_name}{in_at}={self.analytical:.6g}, and the numerical derivative "
+                f"is {self.numerical:.6g}: {output_name} is not finite near these inputs; {differ}"
+            )
         return (
             f"d {output_name}{out_at} / d {input_name}{in_at}={self.analytical:.6g}, but should be "
-            f"{self.numerical:.6g} (numerical); {self.count} of {self.total} entries differ"
+            f"{self.numerical:.6g} (numerical); {differ}"
         )
 
     def details(self, output_name: str, input_name: str, check: str) -> tuple[str, ...]:
@@ -205,6 +212,8 @@ def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 def _pattern(analytical: torch.Tensor, numerical: torch.Tensor, atol: float) -> str:
     """What the differing entries have in common, when it is one of the shapes a backward bug takes."""
+    if not bool(numerical.isfinite().all()):
+        return "the numerical derivatives are not all finite: forward returns inf or NaN near these inputs"
     if not bool(analytical.isfinite().all()):
         return "backward gives non-finite derivatives where the numerical ones are finite"
     if bool((numerical.abs() <= atol).all()):

@@ -284,7 +284,8 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
     made under no_grad, while one plain call runs (a backward that writes into what it saved fails
     when the contract runs the graph again, or when gradcheck's next call perturbs that input
     through such a view: inplace's finding); ``contract`` itself when they run and nothing about the layouts differed (what the
-    contract did to the call raised);
+    contract did to the call raised) -- ``undefined_grads`` instead when backward raises with only one
+    of several outputs used (gradcheck differentiates one output at a time);
     ``needs_input_grad`` when the plain call runs with every differentiable input requiring grad;
     else ``return_count`` (a crash on plain inputs)."""
     plain = dataclasses.replace(
@@ -297,12 +298,35 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
             return "inplace"
         strided_grads = case.grad_kind in ("noncontiguous", "expanded") or case.grad_layout != "as_drawn"
         if not (plain != case or strided_grads):
-            return contract
+            # gradcheck differentiates one output at a time: the others' grad_outputs are undefined
+            return "undefined_grads" if _raises_with_one_output_used(plain) else contract
         return "inplace" if error is not None and writes_overlapping_memory(error) else "layouts"
     differentiable = frozenset(r.name for r in case.recipes if r.differentiable)
     if case.requires_grad != differentiable and _runs_cleanly(dataclasses.replace(plain, requires_grad=differentiable)):
         return "needs_input_grad"
     return CRASH_OWNER
+
+
+def _raises_with_one_output_used(case: Case) -> bool:
+    """Whether backward raises when only one of two or more differentiable outputs is used (the
+    others' grad_outputs undefined: None under ``ctx.set_materialize_grads(False)``)."""
+    try:
+        leaves = case.args()
+        with random_state(case.spec, case):
+            outputs = forward(case, leaves, how="guarded").outputs
+        positions = differentiable_positions(outputs)
+        if len(positions) < 2:
+            return False
+        wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+        grad_outputs = case.grad_outputs([outputs[p] for p in positions])
+    except Exception:
+        return False
+    for position, grad_output in zip(positions, grad_outputs):
+        try:
+            gradients([outputs[position]], wrt, [grad_output], retain_graph=True)
+        except Exception:
+            return True
+    return False
 
 
 def _runs_cleanly(case: Case) -> bool:

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, outputs_and_grads, preflight
+from conformance.engine.evaluate import Evaluated, blocked_by_undeclared_writes, outputs_and_grads, preflight
 from conformance.engine.numerics import (
     Judged,
     judge_against_truth,
@@ -269,6 +269,7 @@ def _upstream_or_defect(
     """A difference only compiled code shows: torch's bug when Dynamo's own trace of the Function
     agrees with eager (only the backend differs), else the Function's defect."""
     __tracebackhide__ = True
+    blocked_by_undeclared_writes(case)  # what a compiler does with an undeclared in-place write is undefined
     where = f"{target.spec.display_name}, backend='eager'"
     alone = _dynamo_alone(target, case, grad_outputs) if backend != "eager" else None
     if isinstance(alone, Evaluated) and _mismatch(target, case, eager, alone, grad_outputs, where) is None:

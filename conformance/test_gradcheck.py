@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import contract, float64
-from conformance.engine.evaluate import forward, function_of_tensors, preflight, run_reference
+from conformance.engine.evaluate import (
+    blocked_by_undeclared_writes,
+    forward,
+    function_of_tensors,
+    preflight,
+    run_reference,
+)
 from conformance.engine.finite_differences import (
     FAST_ATOL,
     FAST_RTOL,
@@ -94,6 +100,7 @@ def check_gradcheck(target: Target, data: st.DataObject) -> None:
         nondet_tol = NONDET_TOL
         error = _gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol, brief=brief)
     if error is not None:
+        blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
         message = str(error)
         if gradcheck_not_reentrant(message):
             fail(

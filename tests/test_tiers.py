@@ -137,6 +137,15 @@ def test_an_unreduced_gradient_with_right_values_fails_grad_meta_only(bugs) -> N
         bugs.passed(judge, "unreduced_right_bias")
 
 
+def test_an_undeclared_write_into_an_input_is_inplaces_and_blocks_what_it_explains(bugs) -> None:  # type: ignore[no-untyped-def]
+    outcomes = _recorded(bugs, "scales_input_through_reshape")
+    assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["inplace"], outcomes
+    assert "input 'x' was modified in place by forward" in bugs.failed("inplace", "scales_input_through_reshape")
+    recorded = bugs.verdict("compile", "scales_input_through_reshape").recorded
+    assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "inplace", recorded  # not "torch's bug"
+    assert Outcome.UPSTREAM not in outcomes.values(), outcomes
+
+
 def test_every_failure_is_at_most_40_lines(bugs) -> None:  # type: ignore[no-untyped-def]
     for (contract, name, _), verdict in bugs.verdicts.items():
         if verdict.outcome == "failed":

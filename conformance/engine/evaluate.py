@@ -28,12 +28,13 @@ from typing import Any, Literal
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from conformance.engine.defects import CRASH_OWNER, ForwardError, as_called, require_sound
+from conformance.engine.defects import CRASH_OWNER, Blocked, Defect, ForwardError, as_called, require_sound
 from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
 from conformance.engine.harness import (
     Execution,
     allocation_policy,
     as_tuple,
+    changed_elements,
     differentiable_positions,
     forward_args,
     random_state,
@@ -305,6 +306,34 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
     if case.requires_grad != differentiable and _runs_cleanly(dataclasses.replace(plain, requires_grad=differentiable)):
         return "needs_input_grad"
     return CRASH_OWNER
+
+
+def undeclared_input_writes(case: Case) -> list[str]:
+    """The inputs forward writes in place (values or version counter) though the spec does not
+    declare them in ``mutates``: the inplace contract's finding, which makes whatever a compiler
+    or transform does with the call undefined. Empty when forward raises (that is a crash's owner's)."""
+    leaves = case.args()
+    passed = forward_args(case, leaves)
+    names = [recipe.name for recipe in case.recipes]
+    watched = [
+        (name, arg, arg.detach().clone(), arg._version)
+        for name, arg in zip(names, passed) if isinstance(arg, torch.Tensor) and name not in case.spec.mutates
+    ]
+    try:
+        with random_state(case.spec, case):
+            forward(case, leaves, how="guarded", passed=passed)
+    except Exception:
+        return []
+    return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
+
+
+def blocked_by_undeclared_writes(case: Case) -> None:
+    """Raise ``Blocked`` by inplace when forward writes into an input the spec does not declare
+    (:func:`undeclared_input_writes`): for a contract whose finding (a compiled difference, finite
+    differences that moved) such a write can explain."""
+    written = undeclared_input_writes(case)
+    if written:
+        raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by forward, undeclared"), case)
 
 
 def _raises_with_one_output_used(case: Case) -> bool:

@@ -18,6 +18,10 @@ it, every other contract that meets it "blocked by" that owner (issue "Decisive 
   ``double_backward=False`` whose backward multiplies by a sigmoid saved in forward, so double
   backward runs and silently gives a zero second derivative: gradgradcheck fails (a defect, not
   advice).
+* ``scales_input_through_reshape`` (ScaleThroughReshape): y = 2 w x, computed by scaling
+  ``x.reshape(-1, n)`` in place -- a view of x, not the scratch copy its author assumed -- without
+  ``mark_dirty``. inplace fails; compile (aot_eager differs from eager) and the finite differences
+  of gradcheck and gradgradcheck, which that write can explain, say "blocked by inplace".
 """
 
 from __future__ import annotations
@@ -154,4 +158,26 @@ class UnreducedRightBias(torch.autograd.Function):
 
 register(
     UnreducedRightBias, name="unreduced_right_bias", inputs=[Tensor("x", "m n"), Tensor("b", "n")], reference=lambda x, b: x + b,
+)
+
+
+class ScaleThroughReshape(torch.autograd.Function):
+    """y = 2 w x, scaled in place through ``x.reshape`` (a view of a contiguous x)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.clone(), w)
+        rows = x.reshape(-1, x.shape[-1])
+        rows.mul_(w * 2.0)  # BUG: rows is x itself, written without mark_dirty
+        return rows.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return grad_out * w * 2.0, (grad_out * x * 2.0).reshape(-1, w.shape[-1]).sum(0)
+
+
+register(
+    ScaleThroughReshape, name="scales_input_through_reshape", inputs=[Tensor("x", "*batch n"), Tensor("w", "n")],
+    reference=lambda x, w: 2.0 * w * x,
 )

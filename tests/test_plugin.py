@@ -82,6 +82,17 @@ def test_external_file_by_path_and_ini_key(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=3)
 
 
+def test_a_scalar_strategy_in_a_spec_draws_no_hypothesis_warning_at_start_up(pytester: pytest.Pytester) -> None:
+    """register() validates a Scalar's strategy while pytest loads --impl: Hypothesis' "slow code in
+    plugin" warning for that check reached every run's output (corner_bugs' Scalar("causal", st.booleans()))."""
+    result = pytester.runpytest_subprocess(
+        str(CONFORMANCE_DIR), f"--impl={ZOO / 'corner_bugs.py'}", "--device=cpu", "--collect-only", "-q", "-p", "no:cacheprovider",
+        "-W", "error::hypothesis.errors.HypothesisSideeffectWarning",
+    )
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    assert "HypothesisSideeffectWarning" not in result.stdout.str() + result.stderr.str()
+
+
 def test_contract_selection(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess(
         str(CONFORMANCE_DIR), "--device=cpu", "--max-examples=2", "--contracts=grad_meta", "-p", "no:cacheprovider"

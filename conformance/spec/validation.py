@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import keyword
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
+from hypothesis.errors import HypothesisSideeffectWarning
 
 from conformance.spec.checks import (
     NAME,
@@ -145,8 +147,13 @@ def check_strategy(scalar: Scalar, fail: Fail, where: str) -> None:
     if not is_strategy(scalar.value):
         return
     try:
-        scalar.value.validate()
-        empty = scalar.value.is_empty
+        # Validated at register(), usually while pytest loads --impl: Hypothesis warns about
+        # evaluating a lazy strategy during plugin start-up, once per strategy, for a check
+        # made on purpose (a clear spec error now, not a Hypothesis error mid-run).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HypothesisSideeffectWarning)
+            scalar.value.validate()
+            empty = scalar.value.is_empty
     except Exception as error:
         raise fail(
             where, f"Scalar {scalar.name!r}: the strategy {scalar.value!r} is invalid: {type(error).__name__}: {error}"

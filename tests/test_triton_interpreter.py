@@ -293,3 +293,25 @@ def test_third_party_norms_storing_a_libdevice_scalar_pass_and_their_twins_are_c
     assert "grad['x'] computed, but not needed" in advice.message and "requires_grad: ['weight']" in advice.message
     for contract in ("return_count", "reference", "gradcheck", "inplace"):
         run.passed(contract, "triton_scalar_rmsnorm_always_dx")
+
+
+@triton.jit
+def _square_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, x * x, mask=offs < n)
+
+
+def test_a_kernel_that_overflows_gives_inf_without_numpy_warnings() -> None:
+    """On a GPU float32 1e30 * 1e30 is inf, silently; numpy warned "overflow encountered in multiply"
+    into every extreme-value test's report."""
+    import warnings
+
+    assert install()
+    x = torch.tensor([1e30, 2.0, -1e30, 3.0], dtype=torch.float32)
+    y = torch.empty_like(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _square_kernel[(1,)](x, y, 4, BLOCK=4)
+    assert y.tolist() == [float("inf"), 4.0, float("inf"), 9.0], y
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]

@@ -15,6 +15,8 @@ gaps and cuts that cost, process-wide:
 * bfloat16: the interpreter converts float32 to bfloat16 by truncation (numpy has no bfloat16),
   so a launch with a bfloat16 tensor raises :class:`InterpreterLimit` instead of computing
   silently wrong values.
+* Overflow: numpy warns where a GPU kernel silently gives inf; launches run with its
+  floating-point warnings off.
 * Python float kernel arguments (``eps``) reach the kernel as Python floats, so ``eps.to(...)``
   fails ("'float' object has no attribute 'to'"): they become float32 scalars, as a compiled
   kernel receives them.
@@ -245,7 +247,7 @@ def install() -> bool:
         _patch_libdevice()
         _patch_float_arguments()
         _patch_autotune(triton)
-        _patch_bfloat16_launches()
+        _patch_launches()
         _patch_device_function_calls()
         _INSTALLED["done"] = True
         return True
@@ -310,7 +312,11 @@ def _patch_autotune(triton: Any) -> None:
     Autotuner.run = run
 
 
-def _patch_bfloat16_launches() -> None:
+def _patch_launches() -> None:
+    """Every launch: a bfloat16 tensor argument raises :class:`InterpreterLimit`, and numpy's
+    floating-point warnings are off (a kernel overflows to inf silently on a GPU; numpy warned
+    "overflow encountered in multiply" into the report of every extreme-value test)."""
+    import numpy as np
     import torch
     from triton.runtime import interpreter
 
@@ -324,7 +330,8 @@ def _patch_bfloat16_launches() -> None:
                     "bfloat16 instead of rounding (numpy has no bfloat16): its results would be silently wrong; "
                     "check bfloat16 on a GPU"
                 )
-        return original_call(self, *args, **kwargs)
+        with np.errstate(all="ignore"):
+            return original_call(self, *args, **kwargs)
 
     interpreter.GridExecutor.__call__ = call
 

@@ -214,7 +214,7 @@ def _first_derivatives(call: Any, count: int) -> Any:
     def first(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs, grad_outputs = tensors[:count], tensors[count:]
         outputs = _diff_outputs(call(*inputs))
-        grads = torch.autograd.grad(outputs, inputs, grad_outputs, create_graph=True, allow_unused=True)
+        grads = gradients(outputs, inputs, grad_outputs, create_graph=True)
         return tuple(g for g in grads if g is not None)
 
     return first

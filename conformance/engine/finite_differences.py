@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from conformance.engine.evaluate import gradients
+
 __all__ = [
     "FAST_ATOL",
     "FAST_RTOL",
@@ -162,7 +164,7 @@ def _analytical_jacobian(output: torch.Tensor, source: torch.Tensor) -> torch.Te
     for k in range(output.numel()):
         one_hot = torch.zeros(output.numel(), dtype=output.dtype, device=output.device)
         one_hot[k] = 1
-        (grad,) = torch.autograd.grad(output, source, one_hot.view_as(output), retain_graph=True, allow_unused=True)
+        (grad,) = gradients([output], [source], [one_hot.view_as(output)], retain_graph=True)
         if grad is not None:
             rows[k] = grad.detach().reshape(-1).to("cpu", torch.float64)
     return rows

@@ -34,8 +34,13 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, blocked_by_undeclared_writes, outputs_and_grads, preflight
+from conformance.engine.evaluate import (
+    Evaluated,
+    blocked_by_fake_kernel,
+    blocked_by_undeclared_writes,
+    outputs_and_grads,
+    preflight,
+)
 from conformance.engine.numerics import (
     Judged,
     judge_against_truth,
@@ -48,7 +53,6 @@ from conformance.engine.repro import torch_only_script
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import dynamo_refuses_jvp, without_guard_latency_profile
 from conformance.engine.triton_interpreter import runs_interpreted
-from conformance.spec.targets import CustomOpAdapter
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
 
@@ -346,16 +350,6 @@ def _compile_error(target: Target, error: BaseException, backend: str, case: Cas
     )
 
 
-def _blocked_by_opcheck(target: Target, case: Case) -> None:
-    op = target.spec.op
-    if not isinstance(op, CustomOpAdapter):
-        return
-    error = op.opcheck(case.args(requires_grad=set()), ("test_faketensor",))["test_faketensor"]
-    if error is not None:
-        first = " ".join(str(error).split())[:200]
-        raise Blocked(Defect("opcheck", f"test_faketensor failed ({type(error).__name__}: {first})"), case)
-
-
 def check_compile(target: Target, data: st.DataObject) -> None:
     first = target.draw_case(data)
     drawn = [first]
@@ -373,7 +367,7 @@ def check_compile(target: Target, data: st.DataObject) -> None:
         # A defect eager already shows is its owner's (blocked by it), at every call's sizes: a
         # gradient summed over the wrong dim has the right shape only where the dims are equal.
         preflight(target.contract, case)
-        _blocked_by_opcheck(target, case)  # a fake kernel right only where dims are equal
+        blocked_by_fake_kernel(case)  # a fake kernel right only where dims are equal
     try:
         with without_guard_latency_profile():  # a debug log's number, a quarter of each compile
             for backend_name in target.options.compile_backends:

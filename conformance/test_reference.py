@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import Evaluated
+from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     cheap_budget_first,
@@ -109,6 +109,7 @@ def _judge_dtype(
                 REFERENCE_BLAME,
             )
         if isinstance(base, torch.Tensor) and got.dtype != base.dtype:
+            blocked_by_fake_kernel(impl.case.with_dtype(dtype))  # a fake kernel of the reference's dtype: opcheck's finding
             fail(
                 f"output[{position}].dtype={got.dtype}, but should be {base.dtype} like the reference's on the same "
                 f"inputs [{where}]",

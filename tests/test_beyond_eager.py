@@ -16,6 +16,7 @@ from tests.conftest import ZOO
 BUGS = {
     "custom_op_fake_wrong_shape": ({"opcheck"}, "reference"),
     "custom_op_fake_swapped_dims": ({"opcheck"}, "reference"),
+    "custom_op_fake_dtype": ({"opcheck"}, "gradcheck"),
     "custom_op_backward_wrong": ({"reference", "gradcheck", "gradgradcheck"}, "opcheck"),
     "custom_op_bias_grad_wrong_dim": ({"grad_meta"}, "return_count"),
     "compile_only_bug": ({"compile"}, "gradcheck"),
@@ -28,6 +29,7 @@ BUGS = {
 OWNERS = {
     "custom_op_fake_wrong_shape": "opcheck",
     "custom_op_fake_swapped_dims": "opcheck",
+    "custom_op_fake_dtype": "opcheck",
     "custom_op_backward_wrong": "reference",
     "custom_op_bias_grad_wrong_dim": "grad_meta",
     "compile_only_bug": "compile",
@@ -63,6 +65,12 @@ def test_each_bug_fails_only_the_contracts_that_own_it(bugs, name: str) -> None:
         if fn == name and verdict.outcome == "skipped" and "blocked by" in verdict.text:
             assert any(f"blocked by {owner}" in verdict.text for owner in failed), (contract, verdict.text)
     bugs.passed(blind, name)
+
+
+def test_a_real_kernel_of_another_dtype_than_its_fake_is_opchecks_and_blocks_reference(bugs) -> None:  # type: ignore[no-untyped-def]
+    assert "MetadataMismatchError" in bugs.failed("opcheck", "custom_op_fake_dtype")
+    blocked = bugs.verdict("reference", "custom_op_fake_dtype")
+    assert blocked.outcome == "skipped" and "blocked by opcheck: test_faketensor failed" in blocked.text, blocked.text
 
 
 def test_every_twin_passes_every_contract(twins) -> None:  # type: ignore[no-untyped-def]

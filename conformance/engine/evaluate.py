@@ -44,6 +44,7 @@ from conformance.engine.memory import AllocationPolicy, padded_copy, poison_cand
 from conformance.engine.probe import Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
 from conformance.engine.torch_text import modified_no_grad_view, modified_saved_tensor, writes_overlapping_memory
+from conformance.spec.targets import CustomOpAdapter
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
@@ -334,6 +335,19 @@ def blocked_by_undeclared_writes(case: Case) -> None:
     written = undeclared_input_writes(case)
     if written:
         raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by forward, undeclared"), case)
+
+
+def blocked_by_fake_kernel(case: Case) -> None:
+    """Raise ``Blocked`` by opcheck when the case's Function is a custom op whose fake kernel
+    disagrees with its real one on ``case`` (opcheck's ``test_faketensor``): for a contract whose
+    finding (a compiled difference, an output dtype) that disagreement can explain."""
+    op = case.spec.op
+    if not isinstance(op, CustomOpAdapter):
+        return
+    error = op.opcheck(case.args(requires_grad=set()), ("test_faketensor",))["test_faketensor"]
+    if error is not None:
+        first = " ".join(str(error).split())[:200]
+        raise Blocked(Defect("opcheck", f"test_faketensor failed ({type(error).__name__}: {first})"), case)
 
 
 def _raises_with_one_output_used(case: Case) -> bool:

@@ -12,6 +12,10 @@ tensors, torch.compile, forward-mode AD, torch.func transforms, autocast).
   Eager never runs the fake kernel, so reference and gradcheck pass; ``opcheck``'s
   test_faketensor fails (shape mismatch), and so does anything that traces the op
   (torch.compile sees a wrong output shape).
+* ``custom_op_fake_dtype`` (``conformance_zoo::lse_fake_dtype_bug``): a row-wise logsumexp whose
+  real kernel returns its float32 accumulator for float16 inputs, while the fake kernel and the
+  reference give float16. opcheck's test_faketensor fails; reference meets the same dtype and is
+  blocked by it.
 * ``custom_op_fake_swapped_dims`` (``conformance_zoo::outer_fake_bug``): y = outer(x, w); the fake
   kernel returns ``(n, m)``, right only where the two sizes are equal (compile's later calls give
   different dims different sizes, so it is blocked by opcheck, not passed).
@@ -414,4 +418,43 @@ register(
     inputs=[Tensor("x", "rows d"), Tensor("b", "d")],
     reference=lambda x, b: x + b,
     dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- custom op: output dtype
+
+
+@torch.library.custom_op("conformance_zoo::lse_fake_dtype_bug", mutates_args=())
+def lse_fake_dtype_bug(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise logsumexp, accumulated in float32 at least."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    peak = wide.amax(dim=-1, keepdim=True)
+    lse = (peak + (wide - peak).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)
+    return lse  # BUG: float32 for float16 inputs; the fake kernel (and the reference) say x.dtype
+
+
+@lse_fake_dtype_bug.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1])
+
+
+def _lse_bug_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    (x,) = inputs
+    ctx.save_for_backward(x, output)
+
+
+def _lse_bug_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    x, lse = ctx.saved_tensors
+    wide = lse.dtype if lse.dtype.itemsize >= 4 else torch.float32
+    return (grad.to(wide).unsqueeze(-1) * (x.to(wide) - lse.to(wide).unsqueeze(-1)).exp()).to(x.dtype)
+
+
+lse_fake_dtype_bug.register_autograd(_lse_bug_backward, setup_context=_lse_bug_setup_context)
+
+register(
+    lse_fake_dtype_bug,
+    name="custom_op_fake_dtype",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.logsumexp(x, dim=-1),
+    dtypes=(torch.float64, torch.float32, torch.float16),
 )

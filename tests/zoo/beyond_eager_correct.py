@@ -4,6 +4,8 @@ Each differs from its buggy twin only by the fix; registered names carry the suf
 
 * ``custom_op_fake_wrong_shape_ok`` (``conformance_zoo::sq_norm_fake_ok``): y = sum(x**2, -1) as a
   ``torch.library.custom_op`` whose ``register_fake`` returns ``x.shape[:-1]``.
+* ``custom_op_fake_dtype_ok`` (``conformance_zoo::lse_fake_dtype_ok``): a row-wise logsumexp that
+  accumulates in float32 and returns the input's dtype, as its fake kernel says.
 * ``custom_op_fake_swapped_dims_ok`` (``conformance_zoo::outer_fake_ok``): y = outer(x, w) whose
   fake kernel returns ``(m, n)``.
 * ``custom_op_backward_wrong_ok`` (``conformance_zoo::scaled_tanh_ok``): y = tanh(scale * x) whose
@@ -376,4 +378,43 @@ register(
     inputs=[Tensor("x", "rows d"), Tensor("b", "d")],
     reference=lambda x, b: x + b,
     dtypes=(torch.float64, torch.float32),
+)
+
+
+# --------------------------------------------------------------------------- custom op: output dtype
+
+
+@torch.library.custom_op("conformance_zoo::lse_fake_dtype_ok", mutates_args=())
+def lse_fake_dtype_ok(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise logsumexp, accumulated in float32 at least."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    peak = wide.amax(dim=-1, keepdim=True)
+    lse = (peak + (wide - peak).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)
+    return lse.to(x.dtype)
+
+
+@lse_fake_dtype_ok.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1])
+
+
+def _lse_ok_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    (x,) = inputs
+    ctx.save_for_backward(x, output)
+
+
+def _lse_ok_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    x, lse = ctx.saved_tensors
+    wide = lse.dtype if lse.dtype.itemsize >= 4 else torch.float32
+    return (grad.to(wide).unsqueeze(-1) * (x.to(wide) - lse.to(wide).unsqueeze(-1)).exp()).to(x.dtype)
+
+
+lse_fake_dtype_ok.register_autograd(_lse_ok_backward, setup_context=_lse_ok_setup_context)
+
+register(
+    lse_fake_dtype_ok,
+    name="custom_op_fake_dtype_ok",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.logsumexp(x, dim=-1),
+    dtypes=(torch.float64, torch.float32, torch.float16),
 )

@@ -21,13 +21,11 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute, forward, gradients, preflight
-from conformance.engine.harness import differentiable_positions, fixed_rng, random_state, why_no_backward
+from conformance.engine.evaluate import execute, gradients_through_outputs, preflight
+from conformance.engine.harness import differentiable_positions, random_state, why_no_backward
 from conformance.engine.numerics import reordering_tolerance
-from conformance.engine.probe import BackwardCall
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
-from strategies.cases import Case
 
 
 def _used_subsets(positions: list[int], n_tensor_outputs: int) -> list[tuple[int, ...]]:
@@ -39,31 +37,6 @@ def _used_subsets(positions: list[int], n_tensor_outputs: int) -> list[tuple[int
     if len(positions) == 1 and n_tensor_outputs >= 2:
         return [tuple(positions)]  # the others are non-differentiable: always "unused"
     return []
-
-
-def _grads(
-    case: Case, used: tuple[int, ...], *, zeros_for_unused: bool
-) -> tuple[list[torch.Tensor | None], BackwardCall | None, BaseException | None]:
-    """Forward, then backward through ``used`` outputs (or all, with zeros for the others)."""
-    leaves = case.args()
-    with fixed_rng(case.grad_seed, case.device):  # Functions drawing random numbers draw the same ones
-        called = forward(case, leaves)
-    outputs, recorder = called.outputs, called.recorder
-    positions = differentiable_positions(outputs)
-    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-    diff = [outputs[p] for p in positions]
-    grad_outputs = case.grad_outputs(diff)
-    if zeros_for_unused:
-        chosen = diff
-        chosen_grads = [g if p in used else torch.zeros_like(g) for p, g in zip(positions, grad_outputs)]
-    else:
-        chosen = [outputs[p] for p in used]
-        chosen_grads = [g for p, g in zip(positions, grad_outputs) if p in used]
-    try:
-        grads: list[torch.Tensor | None] = list(gradients(chosen, wrt, chosen_grads))
-    except Exception as error:  # explained from the probe's record by the caller
-        return [], recorder.calls[-1] if recorder.calls else None, error
-    return grads, recorder.calls[-1] if recorder.calls else None, None
 
 
 def check_undefined_grads(target: Target, data: st.DataObject) -> None:
@@ -91,7 +64,7 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
         unused = [p for p in range(len(outputs)) if isinstance(outputs[p], torch.Tensor) and p not in used]
         where = f"{fn_name}.backward, outputs used: {list(used)}, unused: {unused}"
         unused_text = ", ".join(f"output[{p}]" for p in unused)
-        grads, call, error = _grads(case, used, zeros_for_unused=False)
+        grads, call, error = gradients_through_outputs(case, used, zeros_for_unused=False)
         if error is not None:
             received = ", ".join(describe_value(g) for g in call.grad_outputs) if call is not None else "?"
             cause = call.error if call is not None and call.error is not None else error
@@ -105,7 +78,7 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
                 "real one. Check `if grad is not None` before using each grad_output, or keep grads "
                 "materialized.",
             )
-        expected, _, expected_error = _grads(case, used, zeros_for_unused=True)
+        expected, _, expected_error = gradients_through_outputs(case, used, zeros_for_unused=True)
         if expected_error is not None:
             fail(
                 f"backward raised {type(expected_error).__name__} with zero grad_outputs for "

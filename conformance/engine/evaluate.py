@@ -36,12 +36,13 @@ from conformance.engine.harness import (
     as_tuple,
     changed_elements,
     differentiable_positions,
+    fixed_rng,
     forward_args,
     random_state,
     user_allocations,
 )
 from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
-from conformance.engine.probe import Recorder, guarded, probe
+from conformance.engine.probe import BackwardCall, Recorder, guarded, probe
 from conformance.engine.terms import TermMagnitudes
 from conformance.engine.torch_text import modified_no_grad_view, modified_saved_tensor, writes_overlapping_memory
 from conformance.spec.targets import CustomOpAdapter
@@ -53,6 +54,9 @@ __all__ = [
     "Evaluated",
     "Forward",
     "backward_every_leaf",
+    "blocked_by_fake_kernel",
+    "blocked_by_undeclared_writes",
+    "crash_owner",
     "evaluate",
     "evaluate_with_terms",
     "execute",
@@ -60,11 +64,13 @@ __all__ = [
     "forward_mode",
     "function_of_tensors",
     "gradients",
+    "gradients_through_outputs",
     "outputs_and_grads",
     "preflight",
     "recorded_function_of_tensors",
     "reference_jvp",
     "run_reference",
+    "undeclared_input_writes",
     "user_call",
     "user_evaluate",
     "vjp_call",
@@ -350,26 +356,44 @@ def blocked_by_fake_kernel(case: Case) -> None:
         raise Blocked(Defect("opcheck", f"test_faketensor failed ({type(error).__name__}: {first})"), case)
 
 
+def gradients_through_outputs(
+    case: Case, used: tuple[int, ...], *, zeros_for_unused: bool
+) -> tuple[list[torch.Tensor | None], BackwardCall | None, BaseException | None]:
+    """Forward, then backward through the ``used`` output positions only (the others' grad_outputs
+    undefined), or through all with zeros for the others: the gradients, the probe's record of the
+    backward call, and the error backward raised (gradients empty then)."""
+    leaves = case.args()
+    with fixed_rng(case.grad_seed, case.device):  # Functions drawing random numbers draw the same ones
+        called = forward(case, leaves)
+    outputs, recorder = called.outputs, called.recorder
+    positions = differentiable_positions(outputs)
+    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    diff = [outputs[p] for p in positions]
+    grad_outputs = case.grad_outputs(diff)
+    if zeros_for_unused:
+        chosen = diff
+        chosen_grads = [g if p in used else torch.zeros_like(g) for p, g in zip(positions, grad_outputs)]
+    else:
+        chosen = [outputs[p] for p in used]
+        chosen_grads = [g for p, g in zip(positions, grad_outputs) if p in used]
+    try:
+        grads: list[torch.Tensor | None] = list(gradients(chosen, wrt, chosen_grads))
+    except Exception as error:  # explained from the probe's record by the caller
+        return [], recorder.calls[-1] if recorder.calls else None, error
+    return grads, recorder.calls[-1] if recorder.calls else None, None
+
+
 def _raises_with_one_output_used(case: Case) -> bool:
     """Whether backward raises when only one of two or more differentiable outputs is used (the
     others' grad_outputs undefined: None under ``ctx.set_materialize_grads(False)``)."""
     try:
-        leaves = case.args()
-        with random_state(case.spec, case):
-            outputs = forward(case, leaves, how="guarded").outputs
-        positions = differentiable_positions(outputs)
-        if len(positions) < 2:
-            return False
-        wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-        grad_outputs = case.grad_outputs([outputs[p] for p in positions])
+        with fixed_rng(case.grad_seed, case.device):
+            positions = differentiable_positions(forward(case, case.args(), how="guarded").outputs)
+        return len(positions) >= 2 and any(
+            gradients_through_outputs(case, (p,), zeros_for_unused=False)[2] is not None for p in positions
+        )
     except Exception:
         return False
-    for position, grad_output in zip(positions, grad_outputs):
-        try:
-            gradients([outputs[position]], wrt, [grad_output], retain_graph=True)
-        except Exception:
-            return True
-    return False
 
 
 def _runs_cleanly(case: Case) -> bool:

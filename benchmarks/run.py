@@ -5,8 +5,8 @@
     python benchmarks/run.py --only 3 --json numbers.json
 
 Every pytest run is a subprocess (``sys.executable -m pytest conformance -p no:cacheprovider -q
-...``) started from the repository root with OMP_NUM_THREADS (and PYTEST_* variables) removed
-from its environment: the figures are what a user gets without environment variables. Each is
+...``) started from the repository root with OMP_NUM_THREADS, PYTHONDONTWRITEBYTECODE (and PYTEST_*
+variables) removed from its environment: the figures are what a user gets without environment variables. Each is
 timed twice: wall clock, and CPU time (user + sys of the child and the children it waited for,
 from ``resource.getrusage(RUSAGE_CHILDREN)``), because the machine may be shared. Cells show
 the median over ``--runs`` runs and the min-max range. What each figure measures, and its

@@ -63,3 +63,16 @@ def test_benchmark_quick_run_prints_every_figure(tmp_path: Path) -> None:
     assert "no coverage phase" in report and "CPU with corners / without" in report and "Main job `-n 2` speed-up" in report
     assert all(bug["found"] == 1 for bug in numbers["figures"]["4"].values()), numbers["figures"]["4"]
     assert len(numbers["figures"]["6"]) == 3 and all(runs[0]["cpu"] > 0 for runs in numbers["figures"]["6"].values())
+
+
+def test_children_run_as_a_users_shell_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures are what a user gets: no thread override, and bytecode caches on (a sandbox's
+    PYTHONDONTWRITEBYTECODE made every measured process recompile the suite)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    bench_common = pytest.importorskip("bench_common")
+    for name in ("OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "PYTEST_ADDOPTS"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("KEPT_FOR_THE_CHILD", "yes")
+    env = bench_common.child_env({"EXTRA": "x"})
+    assert not {"OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "PYTEST_ADDOPTS"} & set(env), sorted(env)
+    assert env["KEPT_FOR_THE_CHILD"] == "yes" and env["EXTRA"] == "x"

@@ -17,7 +17,7 @@ import torch
 from conformance.engine import runner
 from conformance.engine.loader import load_impls
 from conformance.plugin.heap import Heap
-from conformance.plugin.session import ConformanceSession
+from conformance.plugin.session import ConformanceSession, runs_tests_here
 from conformance.spec import Spec, registered
 from strategies.cases import CaseOptions, cases
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
@@ -366,3 +366,27 @@ def test_the_compile_contract_keeps_no_graphs_after_its_test(pytester: pytest.Py
     )
     assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
     assert graphs() <= before
+
+
+@pytest.mark.parametrize(
+    ("option", "worker", "runs"),
+    [
+        ({"dist": "no", "tx": []}, False, True),  # serial
+        ({"dist": "load", "tx": ["popen", "popen"]}, False, False),  # -n 2: the controller
+        ({"dist": "load", "tx": ["popen", "popen"]}, True, True),  # -n 2: a worker
+        ({"dist": "load", "tx": []}, False, True),  # --dist without workers runs here
+        ({}, False, True),  # xdist not installed
+    ],
+)
+def test_an_xdist_controller_takes_no_cpu_from_its_workers(option: dict[str, Any], worker: bool, runs: bool) -> None:
+    """The controller runs no test, so it snapshots no literals (0.5 s of the main job's controller
+    CPU, on the same cores as the workers); every process that runs tests does."""
+    config = types.SimpleNamespace(option=types.SimpleNamespace(**option))
+    if worker:
+        config.workerinput = {"workerid": "gw0"}
+    assert runs_tests_here(config) is runs
+    kept: dict[str, Any] = {"untouched": None}
+    session = types.SimpleNamespace(runs_tests=runs, specs=[], literals=kept, tracer=None)
+    loop = ConformanceSession.pytest_runtestloop(session, None)  # type: ignore[arg-type]
+    next(loop)
+    assert (session.literals is kept) is not runs

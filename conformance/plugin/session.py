@@ -65,7 +65,7 @@ from strategies import CaseOptions
 from strategies.cases import Case
 from strategies.coverage import coverage_corners, describe_coverage
 
-__all__ = ["ConformanceSession", "activate", "cell_of", "make_target"]
+__all__ = ["ConformanceSession", "activate", "cell_of", "make_target", "runs_tests_here"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/
 
@@ -95,6 +95,7 @@ class ConformanceSession:
         self.specs: list[Spec] = []
         self.matrix = OutcomeMatrix()
         self.is_worker = hasattr(config, "workerinput")
+        self.runs_tests = runs_tests_here(config)
         self.flight: FlightRecorder | None = None
         self.own_flight_dir: Path | None = None  # made (and removed) by this process
         self.user_threads: int | None = None  # torch's thread count before the run set its own
@@ -153,8 +154,10 @@ class ConformanceSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         # Once, after collection (Hypothesis warns of disk access during plugin set-up): a module
-        # imported later, by a test or a plugin, leaves the draws alone.
-        self.literals = snapshot(self.specs)
+        # imported later, by a test or a plugin, leaves the draws alone. An xdist controller runs
+        # no test: its CPU would be taken from the workers.
+        if self.runs_tests:
+            self.literals = snapshot(self.specs)
         try:
             return (yield)
         finally:
@@ -387,6 +390,15 @@ class ConformanceSession:
             header=tuple(self.pytest_report_header(self.config)),
             shard="" if self.options.shard is None else "{}/{}".format(*self.options.shard),
         )
+
+
+def runs_tests_here(config: Any) -> bool:
+    """False on an xdist controller, which hands every test to a worker and only receives reports
+    (xdist's own test: a --dist mode and workers to send to, both set before pytest_configure)."""
+    if hasattr(config, "workerinput"):
+        return True
+    option = config.option
+    return getattr(option, "dist", "no") == "no" or not getattr(option, "tx", None)
 
 
 def cell_of(report: pytest.TestReport) -> tuple[tuple[str, str, str], Cell, Verdict | None] | None:

@@ -36,6 +36,7 @@ from conformance.engine.contract import Requirement, contract
 from conformance.engine.evaluate import (
     backward_every_leaf,
     blocked_by_undeclared_writes,
+    blocked_by_unversioned_saves,
     function_of_tensors,
     gradients,
     preflight,
@@ -169,6 +170,7 @@ def _check_twice_differentiable(
             run_gradgradcheck(False)
     except GradcheckError as error:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
+        blocked_by_unversioned_saves(case)  # a save of x.data: second derivatives through a detached tensor
         message = str(error).strip()
     except RuntimeError as error:
         if raised_by_once_differentiable(error):

@@ -10,6 +10,11 @@
   array from ``x.detach().numpy()``, a memoryview. Writes to the input after forward then change
   the gradient, and no version counter sees them. A copy (``.numpy().copy()``, ``.cpu().numpy()``
   of a CUDA tensor) and views of the Function's own intermediates are fine.
+* A saved tensor keeps autograd's check of in-place writes: when a caller writes an input in
+  place between forward and backward, backward raises ("modified by an inplace operation") or its
+  gradients stay as they were. ``ctx.save_for_backward(x.data)`` saves an alias outside the
+  input's version counter: backward silently reads the new values (a wrong gradient after an
+  optimizer step or a reused buffer), which gradcheck never sees.
 * After backward without retain_graph, once the caller drops its outputs, the outputs and the
   graph node (ctx) are freed: a Function that keeps them alive (a module-level cache of
   outputs or contexts, a reference cycle the collector cannot break) leaks a whole graph per
@@ -28,7 +33,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import forward, gradients
+from conformance.engine.evaluate import forward, gradients, unversioned_saves
 from conformance.engine.harness import Execution, differentiable_positions
 from conformance.engine.held import Held, owner_of
 from conformance.engine.report import fail
@@ -123,6 +128,19 @@ def check_saved_tensors(target: Target, data: st.DataObject) -> None:
                 also,
             )
     del execution
+    unversioned = unversioned_saves(case)
+    if unversioned is not None:
+        written, changed = unversioned
+        fail(
+            f"grad[{changed[0]!r}] changed after input {', '.join(map(repr, written))} was written in place between "
+            f"forward and backward, but backward should raise or use the values forward saw [{fn_name}.backward]",
+            f"The write: {' and '.join(f'{name}.mul_(2).add_(1)' for name in written)} under torch.no_grad(), as an "
+            f"optimizer step or a reused buffer writes it; gradients that changed: {changed}. "
+            f"ctx.save_for_backward({written[0]}) makes backward raise autograd's 'modified by an inplace operation' "
+            "error instead. This backward read the new values silently: forward saved x.data, or another alias "
+            "outside the input's version counter. Save the tensor itself, or a copy (x.clone()) when forward must "
+            "keep its values.",
+        )
     refs, labels = _forward_backward_and_drop(case)
     if any(ref() is not None for ref in refs):
         # Reference counting frees an acyclic graph at once; only a survivor needs the (slow,

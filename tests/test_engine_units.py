@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conformance.engine.defects import BackwardError, Blocked, forward_defect, require_sound, structural_defects
+from conformance.engine.evaluate import unversioned_saves
 from conformance.engine.harness import Execution
 from conformance.engine.memory import Unwritten
 from conformance.engine.probe import BackwardCall, Recorder
@@ -31,9 +32,9 @@ from conformance.engine.watchdog import (
     phase_marks,
 )
 from conformance.spec import Tensor
-from strategies.cases import CaseOptions
+from strategies.cases import CaseOptions, cases
 from strategies.recipes import ScalarRecipe, TensorRecipe
-from tests.strategies.helpers import make_spec
+from tests.strategies.helpers import collect_examples, make_spec
 
 # ----------------------------------------------------------------------------- defects
 
@@ -410,3 +411,37 @@ def test_an_execution_names_the_grad_outputs_and_inputs_the_function_wrote_into(
     execution.args[1][0, 0] = -0.0  # bitwise: -0.0 is a write even though it equals 0.0
     execution.grad_outputs[0].masked_fill_(torch.ones(2, 3, dtype=torch.bool), float("nan"))
     assert execution.written_in_place(_args()) == ["grad_output[0]", "input 'w'"]
+
+
+# ----------------------------------------------------------------------------- saved tensors' versions
+
+
+def _cube_saving(save: Any) -> type[torch.autograd.Function]:
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(save(x))
+            return x * x * x
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * grad_output
+
+    return Cube
+
+
+@pytest.mark.parametrize(
+    ("saved", "save", "silent"),
+    [
+        ("x", lambda x: x, False),  # backward raises after the write: autograd's version check
+        ("x.detach()", lambda x: x.detach(), False),  # shares x's version counter
+        ("x.clone()", lambda x: x.clone(), False),  # the values forward saw
+        ("x.data", lambda x: x.data, True),  # an alias outside the version counter: reads the write
+    ],
+)
+def test_a_write_between_forward_and_backward_shows_only_an_unversioned_save(saved: str, save: Any, silent: bool) -> None:
+    spec = dataclasses.replace(make_spec([Tensor("x", "*batch n")]), fn=_cube_saving(save), reference=lambda x: x ** 3)
+    for case in collect_examples(cases(spec, CaseOptions(), device="cpu"), 4):
+        found = unversioned_saves(case)
+        assert (found == (("x",), ["x"])) if silent else found is None, (saved, case.describe(), found)

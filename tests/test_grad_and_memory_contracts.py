@@ -152,8 +152,8 @@ def test_output_cache_leak_fails_saved_tensors(bugs) -> None:  # type: ignore[no
 
 # ------------------------------------------------------------------ saved_tensors: ctx hygiene (any depth, views)
 
-CTX_CORRECT = ("keeps_numpy_copy", "keeps_nested_metadata", "saves_for_backward")
-CTX_BUGS = ("tensor_three_deep", "numpy_view_of_input")
+CTX_CORRECT = ("keeps_numpy_copy", "keeps_nested_metadata", "saves_for_backward", "saves_detached", "saves_clone")
+CTX_BUGS = ("tensor_three_deep", "numpy_view_of_input", "saves_input_data", "saves_input_data_once")
 
 
 @pytest.fixture
@@ -176,10 +176,25 @@ def test_numpy_view_of_input_fails_saved_tensors_saying_why(ctx_zoo) -> None:  #
     ctx_zoo.passed("reference", "numpy_view_of_input")
 
 
+def test_a_save_of_input_data_fails_saved_tensors_when_the_input_is_written_after_forward(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
+    """save_for_backward(x.data): backward reads what a caller wrote into x after forward, where
+    saving x makes it raise. gradcheck and reference never write x, so they pass; the second
+    derivative lost through the detached save is the same defect (blocked by saved_tensors)."""
+    for name in ("saves_input_data", "saves_input_data_once"):
+        text = ctx_zoo.failed("saved_tensors", name)
+        assert "grad['x'] changed after input 'x' was written in place between forward and backward" in text, text
+        assert "x.mul_(2).add_(1)" in text and "x.data" in text and "ctx.save_for_backward(x)" in text, text
+        ctx_zoo.passed("gradcheck", name)
+        ctx_zoo.passed("reference", name)
+    blocked = ctx_zoo.verdict("gradgradcheck", "saves_input_data")
+    assert blocked.outcome == "skipped" and "blocked by saved_tensors: " in blocked.text, blocked.text
+    ctx_zoo.passed("gradgradcheck", "saves_input_data_once")  # raises on double backward, as declared
+
+
 def test_correct_ways_of_keeping_things_on_ctx_pass(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
     assert ctx_zoo.names() == {*CTX_CORRECT, *CTX_BUGS}
     for name in CTX_CORRECT:
-        for contract in ("saved_tensors", "gradcheck", "reference"):
+        for contract in ("saved_tensors", "gradcheck", "gradgradcheck", "reference"):
             ctx_zoo.passed(contract, name)
 
 

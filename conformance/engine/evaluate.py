@@ -56,6 +56,7 @@ __all__ = [
     "backward_every_leaf",
     "blocked_by_fake_kernel",
     "blocked_by_undeclared_writes",
+    "blocked_by_unversioned_saves",
     "crash_owner",
     "evaluate",
     "evaluate_with_terms",
@@ -64,6 +65,7 @@ __all__ = [
     "forward_mode",
     "function_of_tensors",
     "gradients",
+    "gradients_after_writes",
     "gradients_through_outputs",
     "outputs_and_grads",
     "preflight",
@@ -71,10 +73,12 @@ __all__ = [
     "reference_jvp",
     "run_reference",
     "undeclared_input_writes",
+    "unversioned_saves",
     "user_call",
     "user_evaluate",
     "vjp_call",
     "vmap_call",
+    "writable_inputs",
 ]
 
 Autocast = tuple[str, torch.dtype]  # (device_type, dtype) of a torch.autocast region around forward
@@ -354,6 +358,91 @@ def blocked_by_fake_kernel(case: Case) -> None:
     if error is not None:
         first = " ".join(str(error).split())[:200]
         raise Blocked(Defect("opcheck", f"test_faketensor failed ({type(error).__name__}: {first})"), case)
+
+
+def gradients_after_writes(case: Case, written: Sequence[str]) -> dict[str, torch.Tensor | None] | None:
+    """Forward of ``case``, then the inputs named ``written`` written in place as a caller may
+    write them between forward and backward (``x.mul_(2).add_(1)`` under no_grad: new values, and
+    the version counter moves; an input sharing memory with an output is left alone), then
+    backward with the case's grad_outputs: the gradients by input name, or None when backward
+    raised (autograd's check of the saved tensors' versions, as ``ctx.save_for_backward(x)``
+    makes it, or any other error). With ``written`` empty: the same calls' plain gradients."""
+    leaves = case.args()
+    with fixed_rng(case.grad_seed, case.device):  # Functions drawing random numbers draw the same ones
+        outputs = forward(case, leaves, how="guarded").outputs
+    diff = [outputs[p] for p in differentiable_positions(outputs)]
+    wrt = [(recipe.name, a) for recipe, a in zip(case.recipes, leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not diff or not wrt:
+        return {}
+    grad_outputs = case.grad_outputs(diff)
+    outputs_memory = {o.untyped_storage().data_ptr() for o in outputs if isinstance(o, torch.Tensor)}
+    with torch.no_grad():
+        for recipe, leaf in zip(case.recipes, leaves):
+            if recipe.name in written and leaf.untyped_storage().data_ptr() not in outputs_memory:
+                try:
+                    leaf.mul_(2).add_(1)
+                except RuntimeError:  # memory torch refuses to write (overlapping elements)
+                    continue
+    try:
+        grads = gradients(diff, [a for _, a in wrt], grad_outputs)
+    except Exception:
+        return None
+    return dict(zip([name for name, _ in wrt], grads))
+
+
+def writable_inputs(case: Case) -> list[str]:
+    """The floating-point tensor inputs of ``case`` a caller could write in place: not empty, and
+    no two elements in one memory location (an expanded input: torch refuses the write)."""
+    return [
+        recipe.name
+        for recipe, leaf in zip(case.recipes, case.args())
+        if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex()) and leaf.numel()
+        and all(stride != 0 or size == 1 for stride, size in zip(leaf.stride(), leaf.shape))
+    ]
+
+
+def unversioned_saves(case: Case) -> tuple[tuple[str, ...], list[str]] | None:
+    """When writing inputs in place between forward and backward silently changes the gradients
+    (backward read what forward saved outside autograd's version counter: ``x.data``): the
+    inputs written (the first one whose write alone changes them, else all) and the gradients
+    that changed. None when backward raises or the gradients stay as they were."""
+    if case.spec.nondeterministic:
+        return None
+    names = writable_inputs(case)
+    after = gradients_after_writes(case, names) if names else None
+    plain = gradients_after_writes(case, ()) if after is not None else None
+    if after is None or plain is None:
+        return None
+
+    def moved(grads: Mapping[str, torch.Tensor | None]) -> list[str]:
+        return [
+            name for name, now in grads.items()
+            if isinstance(now, torch.Tensor) and isinstance(before := plain.get(name), torch.Tensor)
+            and changed_elements(now, before)
+        ]
+
+    changed = moved(after)
+    again = gradients_after_writes(case, ()) if changed else None
+    if not changed or again is None or moved(again):
+        return None  # unchanged, or gradients that differ from call to call anyway (determinism's finding)
+    for name in names if len(names) > 1 else ():
+        alone = gradients_after_writes(case, (name,))
+        if alone is not None and moved(alone):
+            return (name,), changed
+    return tuple(names), changed
+
+
+def blocked_by_unversioned_saves(case: Case) -> None:
+    """Raise ``Blocked`` by saved_tensors when backward reads inputs forward saved outside
+    autograd's version counter (:func:`unversioned_saves`): for a contract whose finding (second
+    derivatives through a detached save) that can explain."""
+    found = unversioned_saves(case)
+    if found is not None:
+        written, changed = found
+        raise Blocked(Defect(
+            "saved_tensors",
+            f"grad[{changed[0]!r}] changed silently after {', '.join(map(repr, written))} was written in place after forward",
+        ), case)
 
 
 def gradients_through_outputs(

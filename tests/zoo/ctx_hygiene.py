@@ -2,9 +2,11 @@
 
 Written as a third party would: plain torch.autograd.Functions and ``register``. The correct ones
 keep a numpy *copy*, keep non-tensor metadata (shapes, Python floats, a namedtuple) nested three
-deep, or save through ``ctx.save_for_backward``; every contract passes them. The buggy twins keep
+deep, or save through ``ctx.save_for_backward`` (x, ``x.detach()`` -- which shares x's version
+counter -- or ``x.clone()``); every contract passes them. The buggy twins keep
 a tensor three levels deep in nested tuples, or a numpy *view* of the input whose memory backward
-reads: writes to the input after forward then change the gradient, and nothing notices.
+reads, or save ``x.data`` (an alias outside x's version counter): writes to the input after forward
+then change the gradient, and nothing notices.
 """
 
 from __future__ import annotations
@@ -72,6 +74,39 @@ class SquareSavesForBackward(torch.autograd.Function):
         return 2 * x * grad_output
 
 
+class SquareSavesDetached(torch.autograd.Function):
+    """y = x**2 saving x.detach(): an alias that shares x's version counter, so a write to x
+    after forward makes backward raise as saving x itself does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.detach())
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad_output
+
+
+class CubeSavesClone(torch.autograd.Function):
+    """y = x**3 saving x.clone(): a write to x after forward leaves the saved values alone. The
+    clone, made in forward (where autograd records nothing), has no history: declared
+    once-differentiable (twice-differentiable, it fails gradgradcheck on its own)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.clone())
+        return x * x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad_output
+
+
 # ----------------------------------------------------------------- buggy twins
 
 
@@ -103,6 +138,31 @@ class SquareKeepsNumpyView(torch.autograd.Function):
         return 2 * _from_numpy(ctx.x_np, grad_output) * grad_output
 
 
+class CubeSavesInputData(torch.autograd.Function):
+    """y = x**3 saving x.data: an alias outside x's version counter. A write to x between
+    forward and backward silently changes the gradient (and the second derivative is lost)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.data)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad_output
+
+
+class CubeSavesInputDataOnce(CubeSavesInputData):
+    """The same save of x.data, declared once-differentiable: only the write shows it."""
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad_output
+
+
 def square(x: torch.Tensor) -> torch.Tensor:
     return x * x
 
@@ -115,3 +175,10 @@ register(SquareSavesForBackward, name="saves_for_backward", inputs=[Tensor("x", 
 register(SquareTensorThreeDeep, name="tensor_three_deep", inputs=[Tensor("x", "*batch n")], reference=square)
 register(SquareKeepsNumpyView, name="numpy_view_of_input", inputs=[Tensor("x", "*batch n")], reference=square,
          double_backward=False, devices=("cpu",))
+register(SquareSavesDetached, name="saves_detached", inputs=[Tensor("x", "*batch n")], reference=square,
+         double_backward=False)
+register(CubeSavesClone, name="saves_clone", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * x * x,
+         double_backward=False)
+register(CubeSavesInputData, name="saves_input_data", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * x * x)
+register(CubeSavesInputDataOnce, name="saves_input_data_once", inputs=[Tensor("x", "*batch n")],
+         reference=lambda x: x * x * x, double_backward=False)

@@ -31,6 +31,7 @@ from conformance.engine.numerics import (
     checked_positions,
     compare_budget,
     compare_float64,
+    compare_plain,
     evaluate_spec,
     floor_ulps,
     multiplier,
@@ -96,10 +97,15 @@ def _judge_dtype(
     pairs: list[
         tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str, torch.Tensor | None]
     ] = []
+    compared_plain = False
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
-        if not isinstance(want, torch.Tensor):
-            continue
         where = f"{fn_name}.forward, {dtype_name}"
+        if not isinstance(want, torch.Tensor):
+            plain = compare_plain(got, want, base, dtype, k=multiplier(spec, dtype, "output"), what=f"output[{position}]", where=where)
+            if plain is not None:
+                fail(plain.summary, plain.details)
+            compared_plain = compared_plain or isinstance(want, (bool, int, float, str, tuple, list))
+            continue
         if not isinstance(got, torch.Tensor):
             fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]")
         if tuple(got.shape) != tuple(want.shape):
@@ -155,7 +161,7 @@ def _judge_dtype(
             )
         if comparison is not None:
             fail(comparison.summary, comparison.details)
-    return bool(pairs)
+    return bool(pairs) or compared_plain
 
 
 REFERENCE_BLAME = (

@@ -20,6 +20,7 @@ from conformance.engine.numerics import (
     checked_positions,
     compare_budget,
     compare_finiteness,
+    compare_plain,
     layout_tolerance,
     multiplier,
     neighbours,
@@ -37,6 +38,35 @@ def numeric_bugs(zoo_run):  # type: ignore[no-untyped-def]
 
 
 # --------------------------------------------------------------------------- bugs are caught
+
+
+def test_a_wrong_python_number_beside_right_tensors_fails_reference(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    """A count returned as a Python int is compared with the reference's (found by a trial: it was
+    never compared, and a wrong count passed every contract); the correct twin passes."""
+    run = zoo_run("non_tensor_outputs")
+    text = run.failed("reference", "relu_firing_per_row")
+    assert "output[1]=" in text and "but should be" in text and "a non-tensor output: equal to the reference's" in text, text
+    for contract in ("reference", "gradcheck", "layouts", "determinism"):
+        run.passed(contract, "relu_firing")
+    run.passed("gradcheck", "relu_firing_per_row")
+
+
+def test_non_tensor_outputs_are_compared_by_the_plain_rule() -> None:
+    """Equal to the truth or to the baseline (the reference in the tested dtype); a float within
+    k times the baseline's error plus two rounding steps; tuples item by item; other objects not at all."""
+    def compare(got: object, want: object, base: object, dtype: torch.dtype = torch.float32) -> object:
+        return compare_plain(got, want, base, dtype, k=2, what="output[1]", where="F.forward")
+
+    assert compare(3, 3, 3) is None and compare(4, 3, 4) is None  # the baseline's count moved with rounding
+    assert "output[1]=12345, but should be 3" in compare(12345, 3, 3).summary  # type: ignore[union-attr]
+    assert compare(1.0000001, 1.0, 1.0) is None and compare(1.01, 1.0, 1.0) is not None
+    assert compare(1.05, 1.0, 1.1, torch.float16) is None  # within k x the reference's own float16 error
+    assert compare(0.4000000059604645, 0.4, 0.4, torch.float64) is None  # float32 precision: float64's assert_close rule
+    assert compare(0.4001, 0.4, 0.4, torch.float64) is not None
+    assert "output[1][1]=5" in compare((1, 5), (1, 2), (1, 2)).summary  # type: ignore[union-attr]
+    assert compare(float("nan"), float("nan"), 0.0) is None and compare(False, True, True) is not None
+    assert compare(torch.tensor(3), 3, 3) is not None  # a tensor where the reference returns an int
+    assert compare(object(), object(), None) is None  # an opaque object: not a value to compare
 
 
 def test_naive_logsumexp_fails_stability_at_large_logits(numeric_bugs) -> None:  # type: ignore[no-untyped-def]

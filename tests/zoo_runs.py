@@ -29,7 +29,8 @@ ZOO_RUNS = {
     "core_bugs": ZooRun("core_bugs.py", CORE),
     # issue "Search power": each corner bug's owner and its twin, under the dev profile (its corners)
     "corner_bugs": ZooRun("corner_bugs.py", CORNER_OWNERS, None, ("--profile=dev",)),
-    "ctx_hygiene": ZooRun("ctx_hygiene.py", ("saved_tensors", "gradcheck", "reference"), 3),
+    # gradgradcheck: a save of x.data loses the second derivative too (blocked by saved_tensors)
+    "ctx_hygiene": ZooRun("ctx_hygiene.py", ("saved_tensors", "gradcheck", "gradgradcheck", "reference"), 3),
     "derivative_layout_determinism_bugs": ZooRun(
         "derivative_layout_determinism_bugs.py",
         (*DERIVATIVE_BEHAVIOUR, "gradcheck"),
@@ -52,6 +53,7 @@ ZOO_RUNS = {
     "float32_output": ZooRun("float32_output.py", ("gradcheck", "gradgradcheck", "reference"), 3),
     "memory_bugs": ZooRun("memory_bugs.py", (), 8),
     "numeric_bugs": ZooRun("numeric_bugs.py", NUMERIC, 4),
+    "non_tensor_outputs": ZooRun("non_tensor_outputs.py", ("reference", "gradcheck", "layouts", "determinism"), 5),
     "real_world_bugs": ZooRun("real_world_bugs.py", (), 8),
     "real_world_correct": ZooRun("real_world_correct.py", (), 8),
     "spec_language_bugs": ZooRun("spec_language_bugs.py", (), 12),

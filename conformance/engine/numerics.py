@@ -66,6 +66,7 @@ __all__ = [
     "compare_budget",
     "compare_finiteness",
     "compare_float64",
+    "compare_plain",
     "evaluate_spec",
     "judge_against_truth",
     "judged_grads",
@@ -88,6 +89,7 @@ __all__ = [
 T = TypeVar("T")
 
 FLOOR_ULPS = 2  # rounding steps of the tested dtype at max|truth| added to the budget
+FLOAT64_ATOL, FLOAT64_RTOL = 1e-7, 1e-7  # torch.testing.assert_close's float64 defaults: compare_float64's rule
 
 
 def cheap_budget_first(judge: Callable[[bool], T]) -> T:
@@ -269,6 +271,43 @@ def compare_float64(actual: torch.Tensor, truth: torch.Tensor, *, what: str, whe
     except AssertionError as error:
         return Comparison(f"{what} != reference [{where}, torch.testing.assert_close]", str(error))
     return None
+
+
+def compare_plain(actual: Any, truth: Any, baseline: Any, dtype: torch.dtype, *, k: float, what: str, where: str) -> Comparison | None:
+    """A non-tensor output (a count, a flag, a Python float from ``.item()``, a tuple of them)
+    against the truth's: equal to the truth or to the baseline (the reference run in ``dtype``:
+    a count of elements above a threshold may move with rounding); a float within ``k`` times the
+    baseline's error plus :data:`FLOOR_ULPS` rounding steps of ``dtype`` at ``|truth|`` (in float64 at
+    least :func:`compare_float64`'s tolerance: a statistic computed in float32 passes). Values of
+    other types (an object the Function returns for its caller) are not compared."""
+    if isinstance(truth, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(truth):
+            return Comparison(f"{what}={actual!r}, but should be {truth!r} like the reference [{where}]", "")
+        bases = baseline if isinstance(baseline, (tuple, list)) and len(baseline) == len(truth) else truth
+        for i, (got, want, base) in enumerate(zip(actual, truth, bases)):
+            found = compare_plain(got, want, base, dtype, k=k, what=f"{what}[{i}]", where=where)
+            if found is not None:
+                return found
+        return None
+    if not (truth is None or isinstance(truth, (bool, int, float, str))):
+        return None
+    if isinstance(actual, torch.Tensor):
+        return Comparison(f"{what}=a tensor, but should be {truth!r} ({type(truth).__name__}) like the reference's [{where}]", "")
+    if actual == truth or actual == baseline or (isinstance(truth, float) and math.isnan(truth) and actual != actual):
+        return None
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (actual, truth))
+    if numbers and isinstance(truth, float) and math.isfinite(truth) and math.isfinite(actual):
+        error = abs(baseline - truth) if isinstance(baseline, (int, float)) and math.isfinite(baseline) else 0.0
+        allowed = k * error + FLOOR_ULPS * ulp(truth, dtype if dtype.is_floating_point else torch.float64)
+        if dtype == torch.float64:  # the float64 rule's own tolerance (torch.testing's defaults): a float32 statistic passes
+            allowed = max(allowed, FLOAT64_ATOL + FLOAT64_RTOL * abs(truth))
+        if abs(actual - truth) <= allowed:
+            return None
+    return Comparison(
+        f"{what}={actual!r}, but should be {truth!r} [{where}, a non-tensor output: equal to the reference's"
+        f"{'' if not numbers or not isinstance(truth, float) else ', or within its own error'}]",
+        f"The reference in {str(dtype).removeprefix('torch.')} gives {baseline!r}.",
+    )
 
 
 def _nonfinite_mismatch(actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:

@@ -458,7 +458,7 @@ def _recompile_finding(target: Target, backend: str, calls: list[Case], variants
 
 
 def _traceable_here(target: Target) -> None:
-    if target.spec.op.kind == "autograd.Function" and runs_interpreted(target.spec.op.module, target.device):
+    if target.spec.op.kind == "autograd.Function" and runs_interpreted(target.spec.op, target.device):
         target.not_run_here(
             "Dynamo traces Triton kernels with fake tensors, which the Triton interpreter cannot launch "
             "(no data pointers): torch.compile of this Function is checked on a GPU"

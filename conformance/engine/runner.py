@@ -170,7 +170,7 @@ class Target:
             chosen = tuple(d for d in chosen if d in self.options.dtypes)
         if wanted is not None:
             chosen = tuple(d for d in chosen if d in wanted)
-        if torch.bfloat16 in chosen and runs_interpreted(self.spec.op.module, self.device):
+        if torch.bfloat16 in chosen and runs_interpreted(self.spec.op, self.device):
             chosen = tuple(d for d in chosen if d != torch.bfloat16)
             if not chosen:
                 self.not_run_here(

@@ -37,7 +37,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from conformance.engine.code_reach import reaches
 from conformance.spec.autotune import autotuned_configs, describe_config
+from conformance.spec.targets import OpAdapter
 
 __all__ = [
     "LIBDEVICE_FALLBACKS",
@@ -77,27 +79,42 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def runs_interpreted(module_name: str, device: str) -> bool:
-    """Whether a Function defined in ``module_name`` runs Triton kernels under the interpreter on
-    ``device`` (milliseconds per launched program: such Functions take 5-30x as long)."""
-    return device == "cpu" and interpreting() and uses_triton(module_name)
+def runs_interpreted(op: OpAdapter, device: str) -> bool:
+    """Whether the target ``op`` runs Triton kernels under the interpreter on ``device``
+    (milliseconds per launched program: such Functions take 5-30x as long)."""
+    return device == "cpu" and interpreting() and uses_triton(op)
 
 
-def uses_triton(module_name: str) -> bool:
-    """Whether the module ``module_name`` (where a registered target is defined) launches Triton
-    kernels, as far as it shows: a kernel, an autotuner or the ``triton`` package among its globals."""
+def uses_triton(op: OpAdapter) -> bool:
+    """Whether the target launches Triton kernels: its own code (forward, backward, a custom op's
+    kernels, and the helpers, modules and objects of the user's they name) reaches a kernel, an
+    autotuner or the ``triton`` package. A plain Function defined next to Triton kernels does not.
+    Where the code is too dynamic to follow (:mod:`conformance.engine.code_reach`), the answer is
+    its module's: whether a Triton object is among the module's globals."""
+    known = _TRITON_USERS.get(id(op.function))
+    if known is None or known[0] is not op.function:
+        reached = reaches(op.user_code().values(), _is_triton)
+        known = _TRITON_USERS[id(op.function)] = (op.function, _module_uses_triton(op.module) if reached is None else reached)
+    return known[1]
+
+
+# uses_triton's answers by target (asked per collected test and per test's dtypes; a target's code is fixed)
+_TRITON_USERS: dict[int, tuple[type, bool]] = {}
+
+
+def _is_triton(value: object) -> bool:
     import inspect
+
+    if inspect.ismodule(value):
+        return value.__name__.split(".")[0] == "triton"
+    return type(value).__module__.startswith("triton.")
+
+
+def _module_uses_triton(module_name: str) -> bool:
     import sys
 
     module = sys.modules.get(module_name, None)
-    if module is None:
-        return False
-    for value in vars(module).values():
-        if inspect.ismodule(value) and value.__name__.split(".")[0] == "triton":
-            return True
-        if type(value).__module__.startswith("triton."):
-            return True
-    return False
+    return module is not None and any(_is_triton(value) for value in vars(module).values())
 
 
 def _numpy_fallbacks() -> dict[str, Callable[..., Any]]:

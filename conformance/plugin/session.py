@@ -260,7 +260,7 @@ class ConformanceSession:
         deselect(config, items, self.options)
         if self.options.shard is not None:
             keep_shard(config, items, self.options.shard)
-        function_by_function(items, slow=lambda spec, device: runs_interpreted(spec.op.module, device))
+        function_by_function(items, slow=lambda spec, device: runs_interpreted(spec.op, device))
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # trylast: inside pytest's own log capture
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:

@@ -85,7 +85,8 @@ def _autocast_advice(fn: Any, device: str) -> str:
         f"Models run under torch.autocast({device!r}): decorate forward with torch.amp.custom_fwd(device_type={device!r}, "
         "cast_inputs=torch.float32) to run it in float32, or with custom_fwd(device_type=...) and backward with "
         "custom_bwd(...) to run backward under forward's autocast state; or cast grad_output and the saved tensors "
-        "to one dtype in backward."
+        "to one dtype in backward. A Function never run under autocast can waive this contract with a reason: "
+        "register(..., waivers={'autocast': 'why'})."
     )
 
 

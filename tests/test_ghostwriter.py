@@ -3,6 +3,7 @@ fills in their reference stubs, pass on correct Functions and catch the zoo's bu
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -111,10 +112,15 @@ def test_the_command_prints_a_spec_that_collects(tmp_path: Path) -> None:
     assert "Index('target', 'n', high='m', sentinels=(-100,))" in text, text
     assert "Scalar('ignore_index', -100)" in text, text
     (tmp_path / "written_ce.py").write_text(text)
+    # The command the spec's docstring gives, run as written from the user's folder (the target
+    # module importable, as the user's own package is).
+    command = next(line.strip() for line in text.splitlines() if "--impl=<this file>" in line)
+    assert command == "pytest --pyargs conformance --impl=<this file>", command
+    args = command.replace("<this file>", "written_ce.py").split()[1:]
     collected = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "conformance"), f"--impl={tmp_path / 'written_ce.py'}",
-         "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "written_ce"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "written_ce"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
     )
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
     assert "test_gradcheck[written_ce-cpu]" in collected.stdout

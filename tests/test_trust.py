@@ -156,6 +156,46 @@ def test_blocked_tests_show_their_owner_in_the_report(pytester: pytest.Pytester)
     assert "blocked by grad_meta" in (pytester.path / "matrix.md").read_text()
 
 
+AUTOCAST_SPECS = """
+import torch
+from conformance import Tensor, register
+
+class Matmul(torch.autograd.Function):
+    # A textbook matmul without torch.amp.custom_fwd: under autocast, backward gets a bfloat16
+    # grad_output and the float32 tensors forward saved.
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.mT, a.mT @ g
+
+for name, waivers in (("textbook_matmul", None), ("textbook_matmul_never_autocast", {"autocast": "never run under autocast"})):
+    register(Matmul, name=name, inputs=[Tensor("a", "m k"), Tensor("b", "k n")], reference=lambda a, b: a @ b,
+             dtypes=(torch.float32,), waivers=waivers)
+"""
+
+
+def test_a_function_never_run_under_autocast_waives_that_contract(pytester: pytest.Pytester) -> None:
+    """autocast checks a way of using the Function: a textbook matmul without custom_fwd fails it
+    (backward mixes bfloat16 and float32), and its message names the waiver for an author whose
+    models never use autocast (found by a trial: waivers refused autocast)."""
+    specs = pytester.makepyfile(autocast_specs=AUTOCAST_SPECS)
+    report = pytester.path / "matrix"
+    pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), f"--impl={specs}", "--device=cpu", "--max-examples=2", "--contracts=autocast",
+        "-p", "no:cacheprovider", f"--conformance-report={report}",
+    )
+    data = json.loads((pytester.path / "matrix.json").read_text())
+    assert data["matrix"]["textbook_matmul-cpu"] == {"autocast": "failed"}, data["matrix"]
+    assert data["matrix"]["textbook_matmul_never_autocast-cpu"] == {"autocast": "waived"}, data["matrix"]
+    failed = next(c for c in data["results"] if c["function"] == "textbook_matmul")
+    assert "waivers={'autocast': 'why'}" in failed["message"], failed["message"]
+
+
 def test_spec_waiver_is_validated(clean_registry) -> None:  # type: ignore[no-untyped-def]
     import torch
 

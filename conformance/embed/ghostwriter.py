@@ -434,7 +434,7 @@ def _render(target_text: str, module: str, attribute: str, spec_name: str, names
         f"from the example {example_text or '(given)'}.",
         "",
         "Each guess says what it was inferred from. Write the reference, check the TODOs, then run",
-        "    pytest conformance --impl=<this file>",
+        "    pytest --pyargs conformance --impl=<this file>",
         '"""',
         "",
         "import torch",

@@ -44,7 +44,9 @@ SavesPromise = Union[str, Callable[[Mapping[str, torch.Tensor]], int]]
 # padding (the waiver also turns poisoned allocations off for that Function), and compile for a
 # Function not meant to be compiled with fullgraph=True (Python loops over data-dependent lengths,
 # torch.autograd.grad inside backward) or hit by a torch.compile bug.
-WAIVABLE = ("unneeded_grads", "unwritten_memory", "compile", "grad_meta")
+# Contracts about how a Function is used or built, not whether its numbers are right where it is
+# used: a Function that is never compiled or never run under autocast waives those with a reason.
+WAIVABLE = ("unneeded_grads", "unwritten_memory", "compile", "grad_meta", "autocast")
 
 # Default k (error multiplier against the same-dtype reference) and the hard cap on overrides.
 DEFAULT_TOLERANCES = {"output": 2.0, "grad": 3.0}

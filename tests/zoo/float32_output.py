@@ -1,7 +1,9 @@
 """Functions whose output is float32 whatever their input's dtype (an upcasting kernel, a loss that
-always returns float32): finite differences in float64 cannot check them, the reference contract can.
+always returns float32), or float64 holding float32 values (a kernel that computes in float32 and
+casts back): finite differences in float64 cannot check them, the reference contract can.
 
-``float32_output`` is correct; ``float32_output_doubled_grad`` returns twice the gradient."""
+``float32_output`` and ``float32_inside`` are correct; their ``_doubled_grad`` twins return twice
+the gradient."""
 
 from __future__ import annotations
 
@@ -28,6 +30,29 @@ def _float32_times_three(grad_factor: float) -> type[torch.autograd.Function]:
             return (grad_output * grad_factor).to(ctx.input_dtype)
 
     return Float32Output
+
+
+def _computed_in_float32(grad_factor: float) -> type[torch.autograd.Function]:
+    """y = exp(x) computed in float32 and returned in x's dtype (a hurried kernel's float32 path);
+    backward returns ``grad_factor * y * grad_output`` (1 is right), also in float32."""
+
+    class Float32Inside(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            y = x.float().exp()
+            ctx.save_for_backward(y)
+            return y.to(x.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+            (y,) = ctx.saved_tensors
+            return (grad_factor * y * grad_output.float()).to(grad_output.dtype)
+
+    return Float32Inside
+
+
+for _factor, _name in ((1, "float32_inside"), (2, "float32_inside_doubled_grad")):
+    register(_computed_in_float32(_factor), name=_name, inputs=[Tensor("x", "*batch n")], reference=torch.exp, dtypes=FLOATS)
 
 
 def _reference(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ state (so the reference must draw its randomness the same way, e.g. ``torch.rand
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from conformance.engine.numerics import (
     floor_ulps,
     multiplier,
     neighbouring_cases,
+    plain_leaves,
     strict_float32,
     truth_and_baseline,
     upcast,
@@ -97,14 +99,12 @@ def _judge_dtype(
     pairs: list[
         tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str, torch.Tensor | None]
     ] = []
-    compared_plain = False
+    plain: list[tuple[int, Any, Any, Any]] = []  # non-tensor outputs, compared once the call's scale is known
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
         where = f"{fn_name}.forward, {dtype_name}"
         if not isinstance(want, torch.Tensor):
-            plain = compare_plain(got, want, base, dtype, k=multiplier(spec, dtype, "output"), what=f"output[{position}]", where=where)
-            if plain is not None:
-                fail(plain.summary, plain.details)
-            compared_plain = compared_plain or isinstance(want, (bool, int, float, str, tuple, list))
+            if plain_leaves(want):
+                plain.append((position, got, want, base))
             continue
         if not isinstance(got, torch.Tensor):
             fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]")
@@ -147,6 +147,14 @@ def _judge_dtype(
          if w.is_floating_point() and bool(checked_positions(w, dtype).any())),
         default=0.0,
     )
+    for position, got, want, base in plain:
+        plain_floats = [abs(v) for v in _flat(want) if isinstance(v, float) and math.isfinite(v)]
+        comparison = compare_plain(
+            got, want, base, dtype, k=multiplier(spec, dtype, "output"), what=f"output[{position}]",
+            where=f"{fn_name}.forward, {dtype_name}", floor_at=max([floor_at, *plain_floats]),
+        )
+        if comparison is not None:
+            fail(comparison.summary, comparison.details)
     for what, which, got, want, base, moved, where, terms in pairs:
         if not want.is_floating_point():
             if not torch.equal(got.cpu(), want.cpu()):
@@ -161,7 +169,11 @@ def _judge_dtype(
             )
         if comparison is not None:
             fail(comparison.summary, comparison.details)
-    return bool(pairs) or compared_plain
+    return bool(pairs) or bool(plain)
+
+
+def _flat(value: Any) -> list[Any]:
+    return [item for part in value for item in _flat(part)] if isinstance(value, (tuple, list)) else [value]
 
 
 REFERENCE_BLAME = (

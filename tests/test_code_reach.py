@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import types
 from typing import Any
 
 import pytest
@@ -115,3 +116,42 @@ def test_the_walk_says_when_it_cannot_tell() -> None:
             return _launch(x)
 
     assert reaches([Callable()], found) is None  # an object with __call__: unread, the module decides
+
+
+class _Holder:
+    kernel = _double_kernel
+
+    def __init__(self) -> None:
+        self.launch = _launch
+
+    @classmethod
+    def by_class(cls, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        cls.kernel[(1,)](x, y, x.numel(), BLOCK=128)
+        return y
+
+    def by_self(self, x: torch.Tensor) -> torch.Tensor:
+        return self.launch(x)
+
+
+HOLDER = _Holder()
+NAMESPACE = types.SimpleNamespace(fwd=_double_kernel)
+PARTIAL = functools.partial(_launch)
+NESTED = [(_double_kernel, 128)]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        lambda x: _Holder.by_class(x),  # cls.kernel: looked up at run time
+        lambda x: HOLDER.by_self(x),  # self.launch set in __init__
+        lambda x: NAMESPACE.fwd[(1,)](x),  # a generic holder
+        lambda x: PARTIAL(x),  # a module-level partial of a launcher
+        lambda x: NESTED[0][0][(1,)](x),  # a table of (kernel, block) pairs
+        lambda x: torch.ops.aten.mul(x, 2),  # a registered op: any kernel may run behind it
+    ],
+)
+def test_code_that_may_reach_a_kernel_is_never_called_plain(code: Any) -> None:
+    """False would test a kernel-launching Function in bfloat16 under the interpreter and compile
+    it: the walk answers True, or None (the module decides), never False, where it cannot read on."""
+    assert reaches([code], lambda value: value is _double_kernel) is not False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -24,6 +25,7 @@ from conformance.engine.numerics import (
     layout_tolerance,
     multiplier,
     neighbours,
+    plain_leaves,
     ulp,
 )
 from conformance.engine.report import ContractFailure, fail
@@ -67,6 +69,11 @@ def test_non_tensor_outputs_are_compared_by_the_plain_rule() -> None:
     assert compare(float("nan"), float("nan"), 0.0) is None and compare(False, True, True) is not None
     assert compare(torch.tensor(3), 3, 3) is not None  # a tensor where the reference returns an int
     assert compare(object(), object(), None) is None  # an opaque object: not a value to compare
+    assert compare(3, None, None) is None  # the reference's None: that output is not compared
+    assert "output[1]=a ndarray, but should be 3" in compare(np.ones(2), 3, 3).summary  # type: ignore[union-attr]  # a failure, not a crash
+    assert compare(10**400, 1.5, 1.5) is not None  # an int too large for a float: a failure, not an OverflowError
+    assert compare_plain(1e-9, 0.0, 0.0, torch.float32, k=2, what="o", where="w", floor_at=1.0) is None  # the call's scale
+    assert plain_leaves((1, torch.ones(1))) and not plain_leaves((torch.ones(1), None))  # nested tensors alone: nothing compared
 
 
 def test_naive_logsumexp_fails_stability_at_large_logits(numeric_bugs) -> None:  # type: ignore[no-untyped-def]

@@ -1,17 +1,17 @@
-"""What a target's own code reaches: the globals, closures, defaults and attributes its functions
-name, followed through the user's helper functions, classes and modules (never into torch, numpy,
-the standard library or the suite).
+"""What a target's own code reaches: the globals, closures and defaults its functions name,
+followed through the user's helper functions, modules, classes, tables and partials (never into
+torch, numpy, the standard library or the suite).
 
 :func:`reaches` answers per Function what a look at its whole module answered before: a plain
-Function that shares a module with a Triton kernel does not launch it. Where the code is too
-dynamic to follow (``getattr``, ``eval``, ``torch.ops`` -- a custom op behind which any kernel may
-run -- a callable object, too many hops) the answer is None, and the caller falls back to the
-module.
+Function that shares a module with a Triton kernel does not launch it. It answers False only when
+every value on every path was read to its end. Anything it cannot read to the end -- ``getattr``,
+``eval``, ``torch.ops`` or a custom op (any kernel may run behind them), ``self.``/``cls.``
+attributes, an object of the user's, a library object it does not know, too many hops -- makes
+the answer None, and the caller falls back to the module.
 """
 
 from __future__ import annotations
 
-import builtins
 import functools
 import inspect
 import sys
@@ -21,48 +21,75 @@ from typing import Any
 
 __all__ = ["reaches"]
 
-# Modules whose code is not the user's: never followed (their objects are not what we look for).
+# Modules whose functions and submodules are not the user's code: never followed, never opaque.
 LIBRARY_ROOTS = frozenset({
     "torch", "numpy", "triton", "builtins", "typing", "functools", "math", "collections", "itertools", "operator",
     "abc", "enum", "dataclasses", "contextlib", "warnings", "hypothesis", "conformance", "strategies",
 }) | frozenset(sys.stdlib_module_names)
 # Names after which any function may run: the answer cannot be read from the code.
-DYNAMIC_NAMES = frozenset({"getattr", "eval", "exec", "__import__", "import_module", "ops", "globals", "vars"})
+DYNAMIC_NAMES = frozenset({"getattr", "eval", "exec", "__import__", "import_module", "ops", "globals", "vars", "library"})
 MAX_HOPS = 8
+MAX_ITEMS = 256  # a larger table is not read (opaque)
 
 
 def reaches(code: Iterable[Callable[..., Any]], found: Callable[[Any], bool]) -> bool | None:
     """True when a value for which ``found`` holds is reachable from ``code``; False when every
-    path was followed and none is; None when some path cannot be followed (see the module)."""
-    seen: set[int] = set()
-    stack: list[tuple[Any, int]] = [(fn, 0) for fn in code]
-    opaque = False
-    while stack:
-        value, hops = stack.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if found(value):
+    path was read to its end and none is; None when some path cannot be read (see the module)."""
+    walk = _Walk(found)
+    for fn in code:
+        walk.push(fn, 0)
+    return walk.run()
+
+
+class _Walk:
+    def __init__(self, found: Callable[[Any], bool]) -> None:
+        self.found = found
+        self.stack: list[tuple[Any, int]] = []
+        self.seen: set[int] = set()
+        self.opaque = False
+        self.hit = False
+
+    def push(self, value: Any, hops: int) -> None:
+        """Look at one reached value: a hit, a function to read, a table or partial to open, a
+        value that cannot hold a kernel, or something unreadable (opaque)."""
+        if id(value) in self.seen:
+            return
+        self.seen.add(id(value))
+        if self.found(value):
+            self.hit = True
+        elif isinstance(value, functools.partial):
+            for part in (value.func, *value.args, *value.keywords.values()):
+                self.push(part, hops)
+        elif isinstance(value, (dict, list, tuple, set, frozenset)):
+            items = list(value.values()) if isinstance(value, dict) else list(value)
+            if len(items) > MAX_ITEMS:
+                self.opaque = True
+            for item in items[:MAX_ITEMS]:
+                self.push(item, hops)
+        elif _inert(value):
+            return
+        elif _function(value) is not None and _users(value):
+            self.stack.append((value, hops))
+        else:
+            self.opaque = True  # a module, class or object of the user's, or a library object we cannot read
+
+    def run(self) -> bool | None:
+        while self.stack and not self.hit:
+            value, hops = self.stack.pop()
+            function = _function(value)
+            assert function is not None
+            if hops >= MAX_HOPS:
+                self.opaque = True
+                continue
+            code = function.__code__
+            names = set(_names(code))
+            if names & DYNAMIC_NAMES or code.co_varnames[:1] in (("self",), ("cls",)):
+                self.opaque = True  # attributes looked up at run time
+            for item in _referenced(function, names):
+                self.push(item, hops + 1)
+        if self.hit:
             return True
-        if isinstance(value, functools.partial):
-            stack.extend((part, hops + 1) for part in (value.func, *value.args, *value.keywords.values()))
-            continue
-        function = _function(value)
-        if function is None:
-            opaque = opaque or _callable_object(value)
-            continue
-        if hops >= MAX_HOPS:
-            opaque = True
-            continue
-        names = set(_names(function.__code__))
-        if names & DYNAMIC_NAMES:
-            opaque = True
-        for item in _referenced(function, names):
-            if found(item):
-                return True
-            if _users(item):
-                stack.append((item, hops + 1))
-    return None if opaque else False
+        return None if self.opaque else False
 
 
 def _function(value: Any) -> types.FunctionType | None:
@@ -70,7 +97,11 @@ def _function(value: Any) -> types.FunctionType | None:
         value = value.__func__
     if isinstance(value, types.MethodType):
         value = value.__func__
-    value = inspect.unwrap(value) if callable(value) else value
+    if callable(value):
+        try:
+            value = inspect.unwrap(value)
+        except ValueError:  # a cycle of __wrapped__
+            return None
     return value if isinstance(value, types.FunctionType) else None
 
 
@@ -83,23 +114,19 @@ def _names(code: types.CodeType) -> Iterator[str]:
 
 
 def _referenced(function: types.FunctionType, names: set[str]) -> Iterator[Any]:
-    """The values ``function`` can reach in one hop: its globals by name, the attributes of the
-    user's modules, classes and objects it names, its closure and its defaults (and a wrapper's)."""
+    """The values ``function`` reaches in one hop: its globals by name, its closure, its defaults,
+    and a user's module's attributes by the names the code uses (``kernels.fwd``)."""
     namespace = function.__globals__
-    values = [namespace[name] for name in names if name in namespace]
-    values += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
-    values += list(function.__defaults__ or ()) + list((function.__kwdefaults__ or {}).values())
-    for value in values:
-        yield value
-        if isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) <= 256:
-            yield from value.values() if isinstance(value, dict) else value
-        elif _users(value) and not isinstance(value, types.FunctionType):
-            # A module, class or object of the user's: the attributes the code names on it.
-            holder = value if isinstance(value, (types.ModuleType, type)) else type(value)
-            for name in names:
-                attribute = inspect.getattr_static(holder, name, None)
-                if attribute is not None:
-                    yield attribute
+    for name in names:
+        if name in namespace:
+            value = namespace[name]
+            if isinstance(value, types.ModuleType) and _users(value):
+                yield from (getattr(value, attr) for attr in names if attr in vars(value))
+                continue  # the module's other contents are not reached; a deeper chain is opaque (push)
+            yield value
+    yield from (cell.cell_contents for cell in function.__closure__ or () if _filled(cell))
+    yield from function.__defaults__ or ()
+    yield from (function.__kwdefaults__ or {}).values()
 
 
 def _filled(cell: types.CellType) -> bool:
@@ -110,21 +137,24 @@ def _filled(cell: types.CellType) -> bool:
     return True
 
 
+def _inert(value: Any) -> bool:
+    """A value that launches nothing of the user's: a number or string, or a library's module,
+    function, class or object -- except the objects that dispatch to registered ops (``torch.ops``,
+    a custom op: any kernel may run behind them) and generic holders (a ``SimpleNamespace``)."""
+    if value is None or isinstance(value, (int, float, complex, str, bytes, bool)):
+        return True
+    if _users(value):
+        return False
+    kind = type(value).__module__ or ""
+    return not kind.startswith(("torch._ops", "torch._library", "types", "functools"))
+
+
 def _users(value: Any) -> bool:
-    """Whether ``value`` is the user's code (a function, class, module or object of a module
-    outside the libraries), which the walk follows."""
+    """Whether ``value`` is the user's (its module outside the libraries)."""
     if isinstance(value, types.ModuleType):
         module = value.__name__
-    elif isinstance(value, (types.FunctionType, type, staticmethod, classmethod)):
+    elif isinstance(value, (types.FunctionType, type, staticmethod, classmethod, types.MethodType)):
         module = getattr(_function(value) or value, "__module__", None) or ""
-    elif isinstance(value, (int, float, str, bytes, bool, type(None))) or value is builtins:
-        return False
     else:
-        module = type(value).__module__ or ""
-    return module.split(".")[0] not in LIBRARY_ROOTS
-
-
-def _callable_object(value: Any) -> bool:
-    """A callable of the user's that is not a function or class (a partial, an object with
-    ``__call__``): what it runs cannot be read without calling it."""
-    return callable(value) and not isinstance(value, type) and _users(value)
+        module = getattr(value, "__module__", None) or type(value).__module__ or ""
+    return str(module).split(".")[0] not in LIBRARY_ROOTS

@@ -422,13 +422,17 @@ def unversioned_saves(case: Case) -> tuple[tuple[str, ...], list[str]] | None:
         ]
 
     changed = moved(after)
-    again = gradients_after_writes(case, ()) if changed else None
-    if not changed or again is None or moved(again):
-        return None  # unchanged, or gradients that differ from call to call anyway (determinism's finding)
+    if not changed:
+        return None
+    for _ in range(2):  # gradients that differ from call to call anyway, even rarely, are determinism's finding
+        again = gradients_after_writes(case, ())
+        if again is None or moved(again):
+            return None
     for name in names if len(names) > 1 else ():
         alone = gradients_after_writes(case, (name,))
-        if alone is not None and moved(alone):
-            return (name,), changed
+        moved_alone = moved(alone) if alone is not None else []
+        if moved_alone:
+            return (name,), moved_alone
     return tuple(names), changed
 
 

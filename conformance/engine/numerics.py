@@ -76,6 +76,7 @@ __all__ = [
     "multiplier",
     "neighbouring_cases",
     "neighbours",
+    "plain_leaves",
     "reordering_tolerance",
     "rounding_floor",
     "strict_float32",
@@ -273,32 +274,48 @@ def compare_float64(actual: torch.Tensor, truth: torch.Tensor, *, what: str, whe
     return None
 
 
-def compare_plain(actual: Any, truth: Any, baseline: Any, dtype: torch.dtype, *, k: float, what: str, where: str) -> Comparison | None:
+PLAIN = (bool, int, float, str)  # the non-tensor values compare_plain compares
+
+
+def plain_leaves(value: Any) -> bool:
+    """Whether ``value`` holds a value :func:`compare_plain` compares (a number, a flag, a string,
+    at any depth of tuples and lists)."""
+    if isinstance(value, (tuple, list)):
+        return any(plain_leaves(item) for item in value)
+    return isinstance(value, PLAIN)
+
+
+def compare_plain(
+    actual: Any, truth: Any, baseline: Any, dtype: torch.dtype, *, k: float, what: str, where: str, floor_at: float = 0.0
+) -> Comparison | None:
     """A non-tensor output (a count, a flag, a Python float from ``.item()``, a tuple of them)
     against the truth's: equal to the truth or to the baseline (the reference run in ``dtype``:
     a count of elements above a threshold may move with rounding); a float within ``k`` times the
-    baseline's error plus :data:`FLOOR_ULPS` rounding steps of ``dtype`` at ``|truth|`` (in float64 at
-    least :func:`compare_float64`'s tolerance: a statistic computed in float32 passes). Values of
-    other types (an object the Function returns for its caller) are not compared."""
+    baseline's error plus :data:`FLOOR_ULPS` rounding steps of ``dtype`` at the larger of ``|truth|``
+    and ``floor_at`` (the call's largest value, as for tensors); in float64 at least
+    :func:`compare_float64`'s tolerance (a statistic computed in float32 passes). A reference's
+    None, and values of other types (an object for the caller), are not compared."""
     if isinstance(truth, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(truth):
             return Comparison(f"{what}={actual!r}, but should be {truth!r} like the reference [{where}]", "")
         bases = baseline if isinstance(baseline, (tuple, list)) and len(baseline) == len(truth) else truth
         for i, (got, want, base) in enumerate(zip(actual, truth, bases)):
-            found = compare_plain(got, want, base, dtype, k=k, what=f"{what}[{i}]", where=where)
+            found = compare_plain(got, want, base, dtype, k=k, what=f"{what}[{i}]", where=where, floor_at=floor_at)
             if found is not None:
                 return found
         return None
-    if not (truth is None or isinstance(truth, (bool, int, float, str))):
+    if not isinstance(truth, PLAIN):
         return None
-    if isinstance(actual, torch.Tensor):
-        return Comparison(f"{what}=a tensor, but should be {truth!r} ({type(truth).__name__}) like the reference's [{where}]", "")
+    if not isinstance(actual, PLAIN):
+        kind = "a tensor" if isinstance(actual, torch.Tensor) else f"a {type(actual).__name__}"
+        return Comparison(f"{what}={kind}, but should be {truth!r} ({type(truth).__name__}) like the reference's [{where}]", "")
     if actual == truth or actual == baseline or (isinstance(truth, float) and math.isnan(truth) and actual != actual):
         return None
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (actual, truth))
-    if numbers and isinstance(truth, float) and math.isfinite(truth) and math.isfinite(actual):
-        error = abs(baseline - truth) if isinstance(baseline, (int, float)) and math.isfinite(baseline) else 0.0
-        allowed = k * error + FLOOR_ULPS * ulp(truth, dtype if dtype.is_floating_point else torch.float64)
+    if isinstance(truth, float) and isinstance(actual, (int, float)) and not isinstance(actual, bool) and _finite(truth) and _finite(actual):
+        error = abs(baseline - truth) if isinstance(baseline, (int, float)) and _finite(baseline) else 0.0
+        scale = max(abs(truth), floor_at)
+        allowed = k * error + FLOOR_ULPS * ulp(scale, dtype if dtype.is_floating_point else torch.float64)
         if dtype == torch.float64:  # the float64 rule's own tolerance (torch.testing's defaults): a float32 statistic passes
             allowed = max(allowed, FLOAT64_ATOL + FLOAT64_RTOL * abs(truth))
         if abs(actual - truth) <= allowed:
@@ -308,6 +325,13 @@ def compare_plain(actual: Any, truth: Any, baseline: Any, dtype: torch.dtype, *,
         f"{'' if not numbers or not isinstance(truth, float) else ', or within its own error'}]",
         f"The reference in {str(dtype).removeprefix('torch.')} gives {baseline!r}.",
     )
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _nonfinite_mismatch(actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:

@@ -107,7 +107,7 @@ def _is_triton(value: object) -> bool:
 
     if inspect.ismodule(value):
         return value.__name__.split(".")[0] == "triton"
-    return type(value).__module__.startswith("triton.")
+    return any(kind.__module__.startswith("triton.") for kind in type(value).__mro__[:-1])  # a KernelInterface subclass too
 
 
 def _module_uses_triton(module_name: str) -> bool:

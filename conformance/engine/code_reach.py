@@ -46,6 +46,7 @@ class _Walk:
         self.found = found
         self.stack: list[tuple[Any, int]] = []
         self.seen: set[int] = set()
+        self.kept: list[Any] = []  # what ``seen`` names stays alive, so no id is reused mid-walk
         self.opaque = False
         self.hit = False
 
@@ -55,6 +56,7 @@ class _Walk:
         if id(value) in self.seen:
             return
         self.seen.add(id(value))
+        self.kept.append(value)
         if self.found(value):
             self.hit = True
         elif isinstance(value, functools.partial):

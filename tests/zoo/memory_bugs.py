@@ -4,7 +4,8 @@
   Triton program per block) whose backward allocates its gradient with ``torch.empty_like`` and
   launches ``numel // BLOCK`` blocks, so the last partial block is never written. Whatever the
   fresh buffer held (often zeros) is returned as the gradient. ``blocked_scale`` is the same code
-  launching ``cdiv(numel, BLOCK)`` blocks.
+  launching ``cdiv(numel, BLOCK)`` blocks. ``tail_unwritten_grad_aliased`` is the same bug through
+  a module-level ``from torch import empty_like as ...``: the suite must see that allocation too.
 * ``attention_saves_probs``: an attention that declares the flash-attention promise (keep the
   inputs, the output and one log-sum-exp per row) but saves the full probability matrix for
   backward. ``attention_lse`` keeps the promise and recomputes the probabilities in backward.
@@ -16,6 +17,7 @@ import math
 from typing import Any
 
 import torch
+from torch import empty_like as allocate_like
 from torch.autograd.function import once_differentiable
 
 from conformance import Tensor, register
@@ -58,7 +60,30 @@ class TailUnwrittenGrad(torch.autograd.Function):
         return _blocked_scale(grad_output, 3.0, drop_tail=True)  # BUG: numel // BLOCK blocks
 
 
-for fn, name in ((BlockedScale, "blocked_scale"), (TailUnwrittenGrad, "tail_unwritten_grad")):
+def _blocked_scale_aliased(x: torch.Tensor, factor: float) -> torch.Tensor:
+    flat = x.contiguous().view(-1)
+    out = allocate_like(flat)
+    for start in _blocks(flat.numel(), drop_tail=True):  # BUG: numel // BLOCK blocks
+        out[start : start + BLOCK] = flat[start : start + BLOCK] * factor
+    return out.view(x.shape)
+
+
+class TailUnwrittenGradAliased(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return _blocked_scale_aliased(grad_output, 3.0)
+
+
+for fn, name in (
+    (BlockedScale, "blocked_scale"),
+    (TailUnwrittenGrad, "tail_unwritten_grad"),
+    (TailUnwrittenGradAliased, "tail_unwritten_grad_aliased"),
+):
     register(
         fn,
         name=name,

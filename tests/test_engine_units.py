@@ -5,6 +5,8 @@ watchdog (phases of a stuck example, the time budget, crash records)."""
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,10 +26,13 @@ from conformance.engine.report import ContractFailure, fail
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.stack_room import with_room
 from conformance.engine.watchdog import (
+    HARD_SLACK,
     ExampleTimeout,
     FlightRecorder,
     describe_crash,
     example_deadline,
+    hard_deadline,
+    one_hard_timer,
     phase_at,
     phase_marks,
 )
@@ -222,6 +227,41 @@ def test_example_deadline_lets_a_quick_example_through(tmp_path: Path) -> None:
         with example_deadline(30.0, phase=lambda frame: "?", stack_file=stack) as interrupts:
             total = sum(range(1000))
     assert total == 499500 and not interrupts.real
+
+
+def test_one_hard_timer_arms_once_for_many_examples_and_cancels_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, float | None]] = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda seconds, **kwargs: calls.append(("arm", seconds)))
+    monkeypatch.setattr(faulthandler, "cancel_dump_traceback_later", lambda: calls.append(("cancel", None)))
+    with open(tmp_path / "stack", "w+", encoding="utf-8") as stack:
+        for _ in range(3):
+            with hard_deadline(10.0, stack):
+                pass
+        assert calls == [("arm", 10.0), ("cancel", None)] * 3, calls  # outside: per block, exact
+        calls.clear()
+        with one_hard_timer():
+            for seconds in (10.0, 10.0, 10.0, 30.0, 10.0):
+                with hard_deadline(seconds, stack):
+                    pass
+            assert calls == [("arm", 10.0 + HARD_SLACK), ("arm", 30.0 + HARD_SLACK), ("arm", 10.0 + HARD_SLACK)], calls
+        assert calls[-1] == ("cancel", None), calls  # nothing armed between tests
+
+
+def test_a_native_hang_inside_one_hard_timer_still_ends_the_process(tmp_path: Path) -> None:
+    program = (
+        "import sys, time\n"
+        "from conformance.engine.watchdog import hard_deadline, one_hard_timer\n"
+        "with one_hard_timer():\n"
+        "    with hard_deadline(0.2, sys.stderr):\n"
+        "        pass\n"
+        "    with hard_deadline(0.5, sys.stderr):\n"
+        "        time.sleep(30)\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    took = time.monotonic() - start
+    assert done.returncode != 0 and "Timeout" in done.stderr, (done.returncode, done.stderr[-2000:])
+    assert took < 0.5 + HARD_SLACK + 10, f"took {took:.1f} s, but should end within its budget and slack"
 
 
 def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:

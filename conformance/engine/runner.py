@@ -18,6 +18,7 @@ plugin reads back (also from xdist workers); the messages pytest shows are for p
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import traceback
 import zlib
@@ -68,6 +69,7 @@ from conformance.engine.watchdog import (
     ExampleTimeout,
     FlightRecorder,
     example_deadline,
+    one_hard_timer,
     phase_at,
     phase_marks,
 )
@@ -109,7 +111,20 @@ class RunOptions:
     compile_backends: tuple[str, ...] = ("aot_eager",)  # what the compile contract compiles with
     fail_on: frozenset[str] = frozenset({"defect"})  # the tiers that fail a test (--advice/--upstream=fail add theirs)
 
-    def hypothesis_settings(self) -> settings:
+    def hypothesis_settings(self, max_examples: int | None = None) -> settings:
+        """The run's Hypothesis settings (with ``max_examples`` instead of the run's count): made
+        once per count (a settings object validates every value, several per test)."""
+        made = self._settings_by_count.get(max_examples)
+        if made is None:
+            base = self._settings_by_count.get(None) or self._settings()
+            made = self._settings_by_count[max_examples] = base if max_examples is None else settings(base, max_examples=max_examples)
+        return made
+
+    @functools.cached_property
+    def _settings_by_count(self) -> dict[int | None, settings]:
+        return {}
+
+    def _settings(self) -> settings:
         # Explicit, so Hypothesis' own "ci" profile (loaded when $CI is set) never leaks in.
         values = {"derandomize": False, **self.profile_settings}
         if self.max_examples is not None:
@@ -411,7 +426,6 @@ class Target:
                 raise aborted.failure from None
             self._require_checked()
             return
-        base_settings = self.options.hypothesis_settings()
         test = seed(example_seed(self.options.seed, self.spec.name, self.contract, self.device))(
             given(data=st.data())(property_)
         )
@@ -423,14 +437,14 @@ class Target:
             self.corner = corner
             # One @given wrapper for all runs of this test, each with its own count: what the
             # settings decorator sets, set again (it refuses a second; ~0.1 ms a run).
-            test._hypothesis_internal_use_settings = settings(base_settings, max_examples=examples)  # type: ignore[attr-defined]
+            test._hypothesis_internal_use_settings = self.options.hypothesis_settings(examples)  # type: ignore[attr-defined]
             test()
 
         if self.literals is None:
             self.literals = snapshot([self.spec])[self.spec.name]
         try:
             self._blocked_by_a_hang()  # once per test: a read of the run's hang notes
-            with drawing_from(self.literals):
+            with drawing_from(self.literals), one_hard_timer():
                 for corner, examples in self._phases(max_examples):
                     try:
                         run_phase(corner, examples)

@@ -297,11 +297,11 @@ class _ReplacedAllocators:
 
         def allocate(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            active = getattr(local, "active", None)
-            # Dynamo tracing a compiled helper sees the call it would see without the suite.
-            if active is None or torch.compiler.is_compiling():
+            # Dynamo tracing a compiled helper of the Function sees only the call it would see without the suite.
+            if torch.compiler.is_compiling():
                 return out
-            return active.allocated(name, out, kwargs)
+            active = getattr(local, "active", None)
+            return out if active is None else active.allocated(name, out, kwargs)
 
         allocate.__name__ = allocate.__qualname__ = getattr(original, "__name__", name)
         allocate.__doc__ = getattr(original, "__doc__", None)

@@ -153,7 +153,7 @@ def _cache_a_gaussian() -> None:
 
 DRAWS: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
     # (what the example did before the evaluation, what the Function does in it)
-    "python random": (lambda: None, random.random),
+    "python random (a bound method, as ``from random import random`` binds it)": (lambda: None, random.random),
     "python, reseeded": (lambda: None, lambda: random.seed(42)),
     "numpy, one value": (lambda: None, lambda: np.random.random()),
     "numpy, a whole key's worth (the key is refilled)": (lambda: None, lambda: np.random.random(312)),

@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["reaches"]
+__all__ = ["reaches", "reaches_once"]
 
 # Modules whose functions and submodules are not the user's code: never followed, never opaque.
 LIBRARY_ROOTS = frozenset({
@@ -39,6 +39,19 @@ def reaches(code: Iterable[Callable[..., Any]], found: Callable[[Any], bool]) ->
     for fn in code:
         walk.push(fn, 0)
     return walk.run()
+
+
+def reaches_once(function: object, code: Callable[[], Iterable[Callable[..., Any]]], found: Callable[[Any], bool]) -> bool | None:
+    """:func:`reaches` of ``code()`` (a target's own code) for the target ``function``, walked once
+    per (target, ``found``) in a process: a target's code is fixed, and callers ask per evaluation."""
+    key = (id(function), found)
+    known = _ANSWERS.get(key)
+    if known is None or known[0] is not function:  # an id reused by another target after the first was freed
+        known = _ANSWERS[key] = (function, reaches(code(), found))
+    return known[1]
+
+
+_ANSWERS: dict[tuple[int, Callable[[Any], bool]], tuple[object, bool | None]] = {}
 
 
 class _Walk:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch.overrides import TorchFunctionMode
 
-from conformance.engine.code_reach import reaches
+from conformance.engine.code_reach import reaches_once
 
 __all__ = [
     "CANARY",
@@ -336,20 +336,13 @@ def _is_allocator(value: object) -> bool:
     return any(value is allocator for allocator in UNINITIALISED)
 
 
-# sees_every_call's answers by target function (a target's code is fixed)
-_EVERY_CALL: dict[int, tuple[object, bool]] = {}
-
-
 def sees_every_call(function: object, code: Callable[[], Iterable[Callable[..., Any]]]) -> bool:
     """Whether the Function's allocations need a ``TorchFunctionMode`` to be seen: its own
     ``code`` (``op.user_code().values()``) keeps a reference to ``torch.empty`` & co. that
     replacing them on torch would miss (``from torch import empty_like``, a default argument, a
     partial), or cannot be read to the end (a custom op, ``getattr``, ``self.`` attributes:
     :mod:`conformance.engine.code_reach`)."""
-    known = _EVERY_CALL.get(id(function))
-    if known is None or known[0] is not function:
-        known = _EVERY_CALL[id(function)] = (function, reaches(code(), _is_allocator) is not False)
-    return known[1]
+    return reaches_once(function, code, _is_allocator) is not False
 
 
 @dataclass(frozen=True)

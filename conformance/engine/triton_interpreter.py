@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from conformance.engine.code_reach import reaches
+from conformance.engine.code_reach import reaches_once
 from conformance.spec.autotune import autotuned_configs, describe_config
 from conformance.spec.targets import OpAdapter
 
@@ -91,15 +91,8 @@ def uses_triton(op: OpAdapter) -> bool:
     autotuner or the ``triton`` package. A plain Function defined next to Triton kernels does not.
     Where the code is too dynamic to follow (:mod:`conformance.engine.code_reach`), the answer is
     its module's: whether a Triton object is among the module's globals."""
-    known = _TRITON_USERS.get(id(op.function))
-    if known is None or known[0] is not op.function:
-        reached = reaches(op.user_code().values(), _is_triton)
-        known = _TRITON_USERS[id(op.function)] = (op.function, _module_uses_triton(op.module) if reached is None else reached)
-    return known[1]
-
-
-# uses_triton's answers by target (asked per collected test and per test's dtypes; a target's code is fixed)
-_TRITON_USERS: dict[int, tuple[type, bool]] = {}
+    reached = reaches_once(op.function, lambda: op.user_code().values(), _is_triton)
+    return _module_uses_triton(op.module) if reached is None else reached
 
 
 def _is_triton(value: object) -> bool:

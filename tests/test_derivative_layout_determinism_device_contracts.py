@@ -36,6 +36,9 @@ def test_devices_skips_with_reasons(conformance_run) -> None:  # type: ignore[no
     cuda = run.verdict("devices", "cube", "cuda")
     if not torch.cuda.is_available():
         assert cuda.outcome == "skipped" and "CUDA is not available" in cuda.text
+        # Its verdict carries the command that reruns it on a GPU.
+        recorded = cuda.recorded
+        assert recorded.outcome.value == "not_run_here" and "--device=cuda" in recorded.rerun, recorded
     else:
         assert cuda.outcome == "passed", cuda.text
 

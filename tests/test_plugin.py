@@ -16,7 +16,11 @@ import torch
 
 from conformance.engine import runner
 from conformance.engine.loader import load_impls
+from conformance.engine.verdict import Verdict as RecordedVerdict
+from conformance.plugin import collection
+from conformance.plugin.collection import ContractTest, contract_test_key
 from conformance.plugin.heap import Heap
+from conformance.plugin.options import parse_options
 from conformance.plugin.session import ConformanceSession, runs_tests_here
 from conformance.spec import Spec, registered
 from strategies.cases import CaseOptions, cases
@@ -390,3 +394,39 @@ def test_an_xdist_controller_takes_no_cpu_from_its_workers(option: dict[str, Any
     loop = ConformanceSession.pytest_runtestloop(session, None)  # type: ignore[arg-type]
     next(loop)
     assert (session.literals is kept) is not runs
+
+
+class _FakeItem:
+    """What skip_without_cuda reads and writes on a collected item."""
+
+    def __init__(self, device: str | None) -> None:
+        self.name = f"test_reference[softmax-{device}]"
+        self.path = CONFORMANCE_DIR / "test_reference.py"
+        self.stash = pytest.Stash()
+        self.user_properties: list[tuple[str, object]] = []
+        self.markers: list[pytest.Mark] = []
+        if device is not None:
+            self.stash[contract_test_key] = ContractTest(
+                types.SimpleNamespace(name="reference"), types.SimpleNamespace(name="softmax"), device  # type: ignore[arg-type]
+            )
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.markers.append(marker.mark)
+
+
+@pytest.mark.parametrize("usable", [False, True])
+def test_cuda_tests_skip_at_setup_with_their_verdict_where_cuda_is_unusable(monkeypatch: pytest.MonkeyPatch, usable: bool) -> None:
+    monkeypatch.setattr(collection, "cuda_usable", lambda: usable)
+    items = [_FakeItem("cpu"), _FakeItem("cuda"), _FakeItem(None)]
+    options = parse_options({"impl": "reference_ops"}, run_dir=CONFORMANCE_DIR.parent)
+    collection.skip_without_cuda(items, CONFORMANCE_DIR.parent, options)  # type: ignore[arg-type]
+    marked = [[m.name for m in item.markers] for item in items]
+    assert marked == [[], [] if usable else ["skip"], []], marked
+    verdicts = [RecordedVerdict.of(item.user_properties) for item in items]
+    if usable:
+        assert verdicts == [None, None, None], verdicts
+        return
+    cuda = verdicts[1]
+    assert cuda is not None and cuda.outcome.value == "not_run_here" and "CUDA is not available" in cuda.reason, cuda
+    assert "test_reference.py::test_reference[softmax-cuda]" in cuda.rerun and "--device=cuda" in cuda.rerun, cuda.rerun
+    assert items[1].markers[0].kwargs["reason"] == cuda.reason

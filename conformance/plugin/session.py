@@ -53,6 +53,7 @@ from conformance.plugin.collection import (
     keep_shard,
     mark_contract_tests,
     rerun_command,
+    skip_without_cuda,
 )
 from conformance.plugin.devices import cuda_findings, cuda_usable, describe_cuda, prepare_devices, triton_mode
 from conformance.plugin.heap import Heap
@@ -260,6 +261,7 @@ class ConformanceSession:
         deselect(config, items, self.options)
         if self.options.shard is not None:
             keep_shard(config, items, self.options.shard)
+        skip_without_cuda(items, self.run_dir, self.options)
         function_by_function(items, slow=lambda spec, device: runs_interpreted(spec.op, device))
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # trylast: inside pytest's own log capture

@@ -108,6 +108,7 @@ class ConformanceSession:
         self.pool = EvaluationPool()  # evaluations shared by the tests of the Function the run is on
         # Their case strategies too: Hypothesis validates a strategy object on its first draw.
         self.case_strategies: dict[CaseOptions, SearchStrategy[Case]] = {}
+        self.chosen_options: dict[tuple[Any, ...], CaseOptions] = {}  # see Target._options_for
         self.heap = Heap.for_this_process()
         self.on_function: tuple[str, str] | None = None  # the (Function, device) the run's tests are on
         self.literals: dict[str, Literals] = {}  # the constants Hypothesis draws, by Function
@@ -223,6 +224,7 @@ class ConformanceSession:
         self.on_function = (name, device)
         self.pool.clear()
         self.case_strategies = {}
+        self.chosen_options = {}
         # The last failure's traceback (kept for post-mortem debugging) would be frozen with
         # its frames and tensors; pytest drops it at the next test's call anyway.
         for name_of_last in ("last_type", "last_value", "last_traceback", "last_exc"):
@@ -562,6 +564,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         strict_expectations=session.expectations is not None and session.expectations.strict,
         pool=session.pool,
         case_strategies=session.case_strategies,
+        chosen_options=session.chosen_options,
         literals=session.literals.get(spec.name),
     )
     if device == "cuda" and not cuda_usable():

@@ -134,6 +134,12 @@ class _Holder:
         return self.launch(x)
 
 
+def _imports_its_launcher(x: torch.Tensor) -> torch.Tensor:
+    from reference_ops.triton.elementwise import triton_gated  # bound at run time, in no namespace the walk reads
+
+    return triton_gated(x, x)
+
+
 HOLDER = _Holder()
 NAMESPACE = types.SimpleNamespace(fwd=_double_kernel)
 PARTIAL = functools.partial(_launch)
@@ -149,6 +155,7 @@ NESTED = [(_double_kernel, 128)]
         lambda x: PARTIAL(x),  # a module-level partial of a launcher
         lambda x: NESTED[0][0][(1,)](x),  # a table of (kernel, block) pairs
         lambda x: torch.ops.aten.mul(x, 2),  # a registered op: any kernel may run behind it
+        _imports_its_launcher,  # a module imported inside the function: no namespace to read
     ],
 )
 def test_code_that_may_reach_a_kernel_is_never_called_plain(code: Any) -> None:

@@ -147,6 +147,36 @@ def test_an_evaluation_that_draws_random_numbers_is_not_kept() -> None:
 FRESH_PYTHON_STATE = random.Random(0).getstate()
 
 
+class _AttrDict(dict):  # type: ignore[type-arg]
+    """The config idiom whose attribute lookup raises KeyError, not AttributeError."""
+
+    __getattr__ = dict.__getitem__
+
+
+CONFIG = _AttrDict(scale=2.0)
+
+
+class ScaledByConfig(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append("forward")
+        return x * CONFIG.scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * CONFIG.scale
+
+
+def test_an_object_that_answers_every_attribute_with_an_error_is_shared_as_usual() -> None:
+    """The walk that asks whether a Function may draw from Python's or numpy's generator meets
+    the user's objects; one whose __getattr__ raises KeyError must not break the evaluation."""
+    spec, pool = _spec(ScaledByConfig, name="scaled_by_config"), EvaluationPool()
+    CALLS.clear()
+    for _ in range(2):
+        _target(spec, pool).execution(_case(spec))
+    assert len(CALLS) == 1 and pool.stats.served == 1, f"calls={len(CALLS)}, pool={pool.stats}, but should be 1 call, served=1"
+
+
 def _cache_a_gaussian() -> None:
     np.random.randn()  # draws a pair: the second is kept for the next call
 

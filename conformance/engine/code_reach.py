@@ -6,12 +6,13 @@ torch, numpy, the standard library or the suite).
 Function that shares a module with a Triton kernel does not launch it. It answers False only when
 every value on every path was read to its end. Anything it cannot read to the end -- ``getattr``,
 ``eval``, ``torch.ops`` or a custom op (any kernel may run behind them), ``self.``/``cls.``
-attributes, an object of the user's, a library object it does not know, too many hops -- makes
+attributes, an import inside a function, an object of the user's, a library object it does not know, too many hops -- makes
 the answer None, and the caller falls back to the module.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import sys
@@ -98,8 +99,8 @@ class _Walk:
                 continue
             code = function.__code__
             names = set(_names(code))
-            if names & DYNAMIC_NAMES or code.co_varnames[:1] in (("self",), ("cls",)):
-                self.opaque = True  # attributes looked up at run time
+            if names & DYNAMIC_NAMES or code.co_varnames[:1] in (("self",), ("cls",)) or _imports(code):
+                self.opaque = True  # attributes looked up, or modules imported, at run time
             for item in _referenced(function, names):
                 self.push(item, hops + 1)
         if self.hit:
@@ -126,6 +127,14 @@ def _names(code: types.CodeType) -> Iterator[str]:
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             yield from _names(constant)
+
+
+def _imports(code: types.CodeType) -> bool:
+    """Whether ``code`` or a function nested in it imports at run time (``from kernels import fwd``
+    inside forward): what it binds is in no namespace the walk can read."""
+    if any(instruction.opname == "IMPORT_NAME" for instruction in dis.get_instructions(code)):
+        return True
+    return any(_imports(constant) for constant in code.co_consts if isinstance(constant, types.CodeType))
 
 
 def _referenced(function: types.FunctionType, names: set[str]) -> Iterator[Any]:

@@ -204,7 +204,7 @@ def execute(
     rng_before = rng_states()
     execution = run(policy, first=True)
     if policy.fill == "poison" and execution.recorder.uninitialised_allocations and poison_candidates(execution.observed()):
-        zeros = dataclasses.replace(policy, fill="zeros", keep_canaries=False)
+        zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
         execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
     return execution
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten, sees_every_call
+from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten
 from conformance.engine.probe import Recorder
 from conformance.spec import Spec
 from strategies.cases import Case
@@ -136,10 +136,8 @@ UNWRITTEN_CONTRACT = "unwritten_memory"
 
 def allocation_policy(spec: Spec) -> AllocationPolicy:
     """What every evaluation does to the Function's own uninitialised allocations: canary
-    margins always; poisoned unless the spec waives unwritten_memory (then left unfilled); seen
-    through a mode only where the Function's code needs one (:func:`sees_every_call`)."""
-    every_call = sees_every_call(spec.op.function, lambda: spec.op.user_code().values())
-    return AllocationPolicy(None if UNWRITTEN_CONTRACT in spec.waivers else "poison", MARGIN, every_call=every_call)
+    margins always; poisoned unless the spec waives unwritten_memory (then left unfilled)."""
+    return AllocationPolicy(None if UNWRITTEN_CONTRACT in spec.waivers else "poison", MARGIN)
 
 
 def user_allocations(spec: Spec) -> Allocations:

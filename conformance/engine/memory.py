@@ -5,12 +5,9 @@ lucky machine, and an unmasked tail store lands in a neighbour's buffer without 
 mechanisms make those visible; the execution layer (:mod:`conformance.engine.harness`) applies them
 through the probe, around the user's own forward and backward only:
 
-* :class:`Allocations` sees every allocation the Function's Python code makes (``torch.empty``,
-  ``empty_like``, ``new_empty``, ``empty_strided``, also those of a Triton kernel's Python
-  wrapper; not those inside a C++ extension): those functions are replaced on ``torch`` while it
-  is active, or, for code that keeps its own reference to one (``from torch import empty``) or
-  cannot be read to the end (:func:`sees_every_call`), a ``TorchFunctionMode`` sees every torch
-  call (~1 us each, 2-3% of the main job). With
+* :class:`Allocations` is a ``TorchFunctionMode`` that sees every allocation the Function's
+  Python code makes (``torch.empty``, ``empty_like``, ``new_empty``, ``empty_strided``, also
+  those of a Triton kernel's Python wrapper; not those inside a C++ extension). With
   ``fill="poison"`` it fills them with NaN (floats) or :data:`INT_POISON` (integers); an element the Function never wrote then stays NaN.
   :func:`unwritten_elements` confirms it against a second run whose allocations hold zeros (what
   a lucky machine gives): NaN with poison but not with zeros means the value came from memory
@@ -26,15 +23,12 @@ through the probe, around the user's own forward and backward only:
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
-
-from conformance.engine.code_reach import reaches_once
 
 __all__ = [
     "CANARY",
@@ -49,7 +43,6 @@ __all__ = [
     "padded_copy",
     "poison_candidates",
     "saved_storages",
-    "sees_every_call",
     "unwritten_elements",
 ]
 
@@ -70,19 +63,19 @@ class AllocationPolicy:
     fill: AllocationFill | None = "poison"
     margin: int = MARGIN
     keep_canaries: bool = True  # False: the margins protect the heap but nobody checks them
-    every_call: bool = False  # True: a TorchFunctionMode watches every torch call (see sees_every_call)
 
 # Calls that return memory nobody initialised (zeros/ones/full initialise theirs and are left
-# alone), as the Function's Python code makes them: (owner, attribute, name in messages).
-_ALLOCATORS: tuple[tuple[Any, str, str], ...] = (
-    (torch, "empty", "torch.empty"),
-    (torch, "empty_like", "torch.empty_like"),
-    (torch, "empty_strided", "torch.empty_strided"),
-    (torch.Tensor, "new_empty", "Tensor.new_empty"),
-    (torch.Tensor, "new_empty_strided", "Tensor.new_empty_strided"),
-) + (((torch, "empty_permuted", "torch.empty_permuted"),) if hasattr(torch, "empty_permuted") else ())
-UNINITIALISED = {getattr(owner, attribute): name for owner, attribute, name in _ALLOCATORS}
-_EMPTY = torch.empty  # the suite's own buffers, never replaced
+# alone), as the Function's Python code makes them: torch-function level, where a mode costs
+# ~3 us per torch call (a dispatch mode costs ~14 us per aten op, 13% of the main job).
+UNINITIALISED = {
+    torch.empty: "torch.empty",
+    torch.empty_like: "torch.empty_like",
+    torch.empty_strided: "torch.empty_strided",
+    torch.Tensor.new_empty: "Tensor.new_empty",
+    torch.Tensor.new_empty_strided: "Tensor.new_empty_strided",
+}
+if hasattr(torch, "empty_permuted"):
+    UNINITIALISED[torch.empty_permuted] = "torch.empty_permuted"
 INT_POISON = 0x5A5A  # clipped to the dtype's largest value for int8/uint8; bools get True
 CANARY = 1234.5  # halved to fit a float8 dtype; compared bitwise with what was stored, so rounding is fine
 INT_CANARY = 0x3C
@@ -177,12 +170,12 @@ def _margined(like: torch.Tensor, before: int, after: int, label: str) -> tuple[
     tensor (``set_`` on the storage), not a view, so in-place use and ``as_strided`` offsets
     behave as on a fresh allocation. None for a dtype whose canary cannot be stored."""
     span = _span(like.shape, like.stride())
-    buffer = _EMPTY(before + span + after, dtype=like.dtype, device=like.device)
+    buffer = torch.empty(before + span + after, dtype=like.dtype, device=like.device)
     try:
         buffer.fill_(_canary_value(like.dtype))
     except (RuntimeError, TypeError):
         return None
-    tensor = _EMPTY(0, dtype=like.dtype, device=like.device)
+    tensor = torch.empty(0, dtype=like.dtype, device=like.device)
     tensor.set_(buffer.untyped_storage(), before, like.shape, like.stride())
     return tensor, CanaryBuffer(label, buffer, before, span, after)
 
@@ -202,40 +195,23 @@ def padded_copy(tensor: torch.Tensor, margin: int, label: str) -> tuple[torch.Te
     return copy, canaries
 
 
-class Allocations:
-    """While active (a context, in this thread), every uninitialised allocation (``UNINITIALISED``)
-    is, as ``policy`` says, filled (poison, zeros, or left as torch gives it) and given
-    ``policy.margin`` canary elements past its end in the same storage (kept in ``canaries`` for
-    :meth:`CanaryBuffer.damage` when ``policy.keep_canaries``). The tensor keeps storage offset 0
-    and is not a view. Seen through the replaced functions, or with ``policy.every_call``
-    through a ``TorchFunctionMode``; the innermost active one handles an allocation."""
+class Allocations(TorchFunctionMode):
+    """While active, every uninitialised allocation (``UNINITIALISED``) is, as ``policy`` says,
+    filled (poison, zeros, or left as torch gives it) and given ``policy.margin`` canary elements
+    past its end in the same storage (kept in ``canaries`` for :meth:`CanaryBuffer.damage` when
+    ``policy.keep_canaries``). The tensor keeps storage offset 0 and is not a view."""
 
     def __init__(self, policy: AllocationPolicy | None = None, *, phase: str = "") -> None:
+        super().__init__()
         self.policy = policy or AllocationPolicy()
         self.phase = phase
         self.allocations = 0
         self.canaries: list[CanaryBuffer] = []
-        self._mode: _AllocationMode | None = None
-        self._outer: Allocations | None = None
 
-    def __enter__(self) -> Allocations:
-        if self.policy.every_call:
-            self._mode = _AllocationMode(self)
-            self._mode.__enter__()  # type: ignore[no-untyped-call]  # torch does not annotate it
-        else:
-            self._outer = _REPLACED.enter(self)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(*exc_info)  # type: ignore[no-untyped-call]
-        else:
-            _REPLACED.exit(self._outer)
-
-    def allocated(self, name: str, out: Any, kwargs: Mapping[str, Any] | None) -> Any:
-        """What the Function gets for ``out``, just returned by the allocation ``name``."""
-        if not isinstance(out, torch.Tensor) or (kwargs and kwargs.get("out") is not None):
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = UNINITIALISED.get(func)
+        if name is None or not isinstance(out, torch.Tensor) or (kwargs and kwargs.get("out") is not None):
             return out
         if not _marginable(out):  # torch.empty(0) grown by a later out= or resize_ is the Function's own business
             return out
@@ -255,94 +231,6 @@ class Allocations:
                 except (RuntimeError, TypeError):  # a dtype without the poison value: left as it is
                     pass
         return out.requires_grad_() if requires_grad and not out.requires_grad else out
-
-
-class _AllocationMode(TorchFunctionMode):
-    """Every torch call, for :class:`Allocations` with ``every_call``."""
-
-    def __init__(self, allocations: Allocations) -> None:
-        super().__init__()
-        self.handler = allocations
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        name = UNINITIALISED.get(func)
-        return out if name is None else self.handler.allocated(name, out, kwargs)
-
-
-class _ReplacedAllocators:
-    """``torch.empty`` & co. replaced on torch (and Tensor) while any thread has an active
-    :class:`Allocations` without ``every_call``; each replacement hands what it allocates to
-    the calling thread's innermost one (none: returned as it is)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._local = threading.local()
-        self._replacements = [
-            (
-                owner,
-                attribute,
-                attribute in vars(owner),
-                getattr(owner, attribute),
-                self._replacement(getattr(owner, attribute), name),
-            )
-            for owner, attribute, name in _ALLOCATORS
-        ]
-
-    def _replacement(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
-        local = self._local
-
-        def allocate(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            # Dynamo tracing a compiled helper of the Function sees only the call it would see without the suite.
-            if torch.compiler.is_compiling():
-                return out
-            active = getattr(local, "active", None)
-            return out if active is None else active.allocated(name, out, kwargs)
-
-        allocate.__name__ = allocate.__qualname__ = getattr(original, "__name__", name)
-        allocate.__doc__ = getattr(original, "__doc__", None)
-        return allocate
-
-    def enter(self, allocations: Allocations) -> Allocations | None:
-        outer: Allocations | None = getattr(self._local, "active", None)
-        self._local.active = allocations
-        with self._lock:
-            self._users += 1
-            if self._users == 1:
-                for owner, attribute, _, _, replacement in self._replacements:
-                    setattr(owner, attribute, replacement)
-        return outer
-
-    def exit(self, outer: Allocations | None) -> None:
-        self._local.active = outer
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                for owner, attribute, own, original, _ in self._replacements:
-                    if own:
-                        setattr(owner, attribute, original)
-                    else:
-                        delattr(owner, attribute)
-
-
-_REPLACED = _ReplacedAllocators()
-
-
-def _is_allocator(value: object) -> bool:
-    return any(value is allocator for allocator in UNINITIALISED)
-
-
-def sees_every_call(function: object, code: Callable[[], Iterable[Callable[..., Any]]]) -> bool:
-    """Whether the Function's allocations need a ``TorchFunctionMode`` to be seen: its own
-    ``code`` (``op.user_code().values()``) keeps a reference to ``torch.empty`` & co. that
-    replacing them on torch would miss (``from torch import empty_like``, a default argument, a
-    partial), or cannot be read to the end (a custom op, ``getattr``, ``self.`` attributes:
-    :mod:`conformance.engine.code_reach`)."""
-    return reaches_once(function, code, _is_allocator) is not False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ its own case), so its report names its own case.
 from __future__ import annotations
 
 import random
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -149,10 +150,12 @@ def _may_draw_beyond_torch(case: Case) -> bool:
 
 def _beyond_torch(value: Any) -> bool:
     generators = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
-    # A module, a generator, or a bound method of one (``from random import random``).
-    return value is random or value is np or value is np.random or isinstance(value, generators) or isinstance(
-        getattr(value, "__self__", None), generators
-    )
+    if value is random or value is np or value is np.random or isinstance(value, generators):
+        return True
+    # A bound method of a generator (``from random import random``); only methods are asked for
+    # their __self__ (a user's object may answer any attribute with an error of its own).
+    bound = isinstance(value, (types.MethodType, types.BuiltinMethodType))
+    return bound and isinstance(value.__self__, generators)
 
 
 def _generators(every_generator: bool) -> tuple[Any, ...]:

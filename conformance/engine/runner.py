@@ -116,8 +116,8 @@ class RunOptions:
         once per count (a settings object validates every value, several per test)."""
         made = self._settings_by_count.get(max_examples)
         if made is None:
-            base = self._settings_by_count.get(None) or self._settings()
-            made = self._settings_by_count[max_examples] = base if max_examples is None else settings(base, max_examples=max_examples)
+            made = self._settings() if max_examples is None else settings(self.hypothesis_settings(), max_examples=max_examples)
+            self._settings_by_count[max_examples] = made
         return made
 
     @functools.cached_property

@@ -10,7 +10,7 @@ Two mechanisms, both per example:
   budget has passed too, ``faulthandler`` writes every thread's stack and ends the process.
   That is a crash. Inside :func:`one_hard_timer` (a test's examples) that timer stays armed from
   example to example and is re-armed only when it would fire too early or more than
-  :data:`HARD_SLACK` late (arming it starts a thread: ~50 us, 1% of the main job per example).
+  :data:`HARD_SLACK` late (arming it starts a thread, ~50 us: armed per example, 1% of the main job).
 * A :class:`FlightRecorder` writes what the process is running (test, case, deadline) to a
   small file before every example, and points faulthandler's fatal-error dump at a file next to
   it. When the process dies -- ``os._exit``, a segfault, the hard deadline -- whoever watches it

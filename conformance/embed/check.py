@@ -39,7 +39,7 @@ from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.verdict import Outcome, Verdict, owner_missed
 from conformance.engine.watchdog import FlightRecorder
-from conformance.plugin.devices import choose_triton_interpreter, cuda_findings, cuda_usable, worker_gpu
+from conformance.plugin.devices import choose_triton_interpreter, cuda_usable, no_cuda_reason, worker_gpu
 from conformance.plugin.options import parse_options
 from conformance.spec import Spec, make_specs, registered
 
@@ -404,7 +404,7 @@ def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *
     ended: BaseException | None = None
     try:
         if device == "cuda" and not cuda_usable():
-            target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")
+            target.not_run_here(no_cuda_reason())
         admit(target, info)
         test(target)
     except (OutcomeException, ContractFailure, Exception) as error:  # the verdict is in `properties`

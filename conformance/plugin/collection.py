@@ -22,7 +22,7 @@ from autograd_conformance_plugin import CONTRACT_FIXTURE
 from conformance.engine.contract import ContractInfo, contract_of
 from conformance.engine.expectations import Expectation, Expectations
 from conformance.engine.verdict import Outcome, Verdict
-from conformance.plugin.devices import cuda_findings, cuda_usable
+from conformance.plugin.devices import cuda_usable, no_cuda_reason
 from conformance.plugin.options import RunOptions
 from conformance.spec import Spec
 
@@ -94,7 +94,7 @@ def skip_without_cuda(items: list[pytest.Item], run_dir: Path, options: RunOptio
     cuda_tests = [item for item in items if (test := item.stash.get(contract_test_key, None)) is not None and test.device == "cuda"]
     if not cuda_tests or cuda_usable():
         return
-    reason = f"CUDA is not available on this machine ({cuda_findings()})"
+    reason = no_cuda_reason()
     for item in cuda_tests:
         verdict = Verdict(Outcome.NOT_RUN_HERE, reason, rerun=rerun_command(run_dir, item, options, "cuda"))
         item.user_properties.append(verdict.as_property())

@@ -12,7 +12,7 @@ import torch
 
 from conformance.engine.triton_interpreter import install, installed
 
-__all__ = ["cuda_findings", "cuda_usable", "prepare_devices", "triton_mode", "worker_gpu", "worker_gpus"]
+__all__ = ["cuda_findings", "cuda_usable", "no_cuda_reason", "prepare_devices", "triton_mode", "worker_gpu", "worker_gpus"]
 
 
 def cuda_usable() -> bool:
@@ -26,6 +26,11 @@ def cuda_findings() -> str:
         f"torch {torch.__version__} ({build}), torch.cuda.is_available()={torch.cuda.is_available()}, "
         f"torch.cuda.device_count()={torch.cuda.device_count()}"
     )
+
+
+def no_cuda_reason() -> str:
+    """Why a ``-cuda`` test is not run here (its verdict's reason)."""
+    return f"CUDA is not available on this machine ({cuda_findings()})"
 
 
 def describe_cuda() -> str:

@@ -55,7 +55,7 @@ from conformance.plugin.collection import (
     rerun_command,
     skip_without_cuda,
 )
-from conformance.plugin.devices import cuda_findings, cuda_usable, describe_cuda, prepare_devices, triton_mode
+from conformance.plugin.devices import cuda_usable, describe_cuda, no_cuda_reason, prepare_devices, triton_mode
 from conformance.plugin.heap import Heap
 from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
 from conformance.plugin.options import RunOptions, check_contract_names, parse_options
@@ -568,6 +568,6 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         literals=session.literals.get(spec.name),
     )
     if device == "cuda" and not cuda_usable():
-        target.not_run_here(f"CUDA is not available on this machine ({cuda_findings()})")
+        target.not_run_here(no_cuda_reason())
     admit(target, test.contract)
     return target

@@ -81,7 +81,9 @@ class ScalarRecipe(Recipe):
         return repr(self.value)
 
     def describe(self) -> str:
-        return f"{self.name}={self.value!r}"
+        # A function or class by its name: its repr's address differs from process to process.
+        shown = _name_of(self.value) if callable(self.value) else repr(self.value)
+        return f"{self.name}={shown}"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ import torch
 from conformance.engine.defects import BackwardError, Blocked, forward_defect, require_sound, structural_defects
 from conformance.engine.evaluate import unversioned_saves
 from conformance.engine.harness import Execution
-from conformance.engine.memory import Unwritten
-from conformance.engine.probe import BackwardCall, Recorder
+from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
+from conformance.engine.numerics import exactly_equal
+from conformance.engine.probe import BackwardCall, Recorder, probe
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, fail
 from conformance.engine.runner import RunOptions, Target
@@ -485,3 +486,118 @@ def test_a_write_between_forward_and_backward_shows_only_an_unversioned_save(sav
     for case in collect_examples(cases(spec, CaseOptions(), device="cpu"), 4):
         found = unversioned_saves(case)
         assert (found == (("x",), ["x"])) if silent else found is None, (saved, case.describe(), found)
+
+
+# ----------------------------------------------------------------------------- which code the allocation mode watches
+
+
+class _Plain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def _half_written(like: torch.Tensor) -> torch.Tensor:
+    out = like.new_empty(like.shape)  # a method: no value leads to it, only its name
+    out[: like.shape[0] // 2] = like[: like.shape[0] // 2]
+    return out
+
+
+class _AllocatesInAHelper(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _half_written(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _AllocatesByAnotherName(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _ALLOCATE(x)  # torch.empty_like under a name of the user's
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _AllocatesByString(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return vars(torch)["empty_like"](x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _CallsWhatItIsGiven(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, make: Any) -> torch.Tensor:
+        return make(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+_ALLOCATE = torch.empty_like
+
+
+@pytest.mark.parametrize(
+    ("function", "watched"),
+    [(_Plain, False), (_CallsWhatItIsGiven, False), (_AllocatesInAHelper, True), (_AllocatesByAnotherName, True), (_AllocatesByString, True)],
+)
+def test_the_allocation_mode_is_entered_only_where_the_functions_code_may_allocate(function: type, watched: bool) -> None:
+    assert WatchedCode(function).watched is watched
+
+
+def test_an_argument_that_is_not_plain_data_turns_the_watch_on_for_good() -> None:
+    watch = WatchedCode(_CallsWhatItIsGiven)
+    assert not watch.called_with([torch.zeros(2), 3, 0.5, "mean", torch.float32, (1, 2), None])
+    assert watch.called_with([torch.zeros(2), _half_written])
+    assert watch.called_with([torch.zeros(2)])  # the backward of that call may run what forward was given
+    assert plain_arguments([torch.zeros(1), [1, (2, 3.0)], slice(None), ...])
+    assert not plain_arguments([SimpleNamespace(make=_half_written)])
+
+
+def test_an_unwatched_evaluation_pays_no_mode_and_a_watched_one_poisons() -> None:
+    """The mode is what poisons: off for plain code, on for code that allocates (whose unwritten
+    half then reads NaN), and on for plain code handed an allocating callable."""
+    policy = AllocationPolicy("poison", 0)
+    seen: list[bool] = []
+
+    class Spy(_Plain):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.overrides._is_torch_function_mode_enabled())
+            return torch.relu(x) * 2
+
+    probed, _ = probe(Spy, allocations=policy)
+    probed.apply(torch.ones(4))
+    assert seen == [False]
+    probed, recorder = probe(_AllocatesInAHelper, allocations=policy)
+    out = probed.apply(torch.ones(4))
+    assert recorder.uninitialised_allocations == 1 and out[2:].isnan().all() and not out[:2].isnan().any()
+    probed, recorder = probe(_CallsWhatItIsGiven, allocations=policy)
+    out = probed.apply(torch.ones(4), _half_written)
+    assert recorder.uninitialised_allocations == 1 and out[2:].isnan().all()
+
+
+# ----------------------------------------------------------------------------- exact equality before a tolerance
+
+
+def test_exactly_equal_accepts_only_what_every_tolerance_accepts() -> None:
+    x = torch.tensor([1.0, -0.0, 3.0])
+    assert exactly_equal(x, x.clone()) and exactly_equal(x, torch.tensor([1.0, 0.0, 3.0]))  # -0.0 == 0.0 for any tolerance
+    assert not exactly_equal(x, x + 1e-7)  # close is assert_close's to judge
+    nan = torch.tensor([float("nan")])
+    assert not exactly_equal(nan, nan.clone())  # equal_nan or not: assert_close's to judge
+    assert not exactly_equal(x, x.double())  # check_dtype or not: assert_close's to judge
+    assert not exactly_equal(x, x[None])

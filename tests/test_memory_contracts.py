@@ -29,13 +29,22 @@ def _only_failure(run, name: str) -> list[str]:  # type: ignore[no-untyped-def]
     return failed
 
 
-@pytest.mark.parametrize("name", ["tail_unwritten_grad", "tail_unwritten_grad_aliased"])
+OWNERS = {
+    "tail_unwritten_grad": "TailUnwrittenGrad",
+    "tail_unwritten_grad_aliased": "TailUnwrittenGradAliased",
+    "tail_unwritten_grad_by_argument": "TailUnwrittenGradByArgument",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OWNERS))
 def test_unwritten_tail_of_a_gradient_fails_unwritten_memory_only(memory_zoo, name: str) -> None:  # type: ignore[no-untyped-def]
-    """Also through a module-level ``from torch import empty_like as ...``: the allocation policy
-    watches torch calls (a TorchFunctionMode), not the attribute a call site looks up."""
+    """Also through a module-level ``from torch import empty_like as ...`` (the allocation policy
+    watches torch calls, a TorchFunctionMode, not the attribute a call site looks up), and through
+    a launcher passed as an argument (the Function's own code names no allocation, so only the
+    argument says the mode must be entered)."""
     assert _only_failure(memory_zoo, name) == ["unwritten_memory"]
     text = memory_zoo.failed("unwritten_memory", name)
-    owner = "TailUnwrittenGradAliased" if name.endswith("aliased") else "TailUnwrittenGrad"
+    owner = OWNERS[name]
     assert f"=NaN from a poisoned allocation, but should be written by {owner}.backward" in text
     assert "elements never written" in text and "numel // BLOCK instead of cdiv(numel, BLOCK)" in text
     # The numerical contracts would have seen NaN; they say which finding blocks them instead.

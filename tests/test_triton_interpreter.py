@@ -315,3 +315,19 @@ def test_a_kernel_that_overflows_gives_inf_without_numpy_warnings() -> None:
         _square_kernel[(1,)](x, y, 4, BLOCK=4)
     assert y.tolist() == [float("inf"), 4.0, float("inf"), 9.0], y
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+
+
+def test_the_kept_numpy_dtypes_are_the_interpreters_own_answers() -> None:
+    """The interpreter's dtype table, looked up once per Triton type (speed only), answers as the
+    interpreter does for scalars, blocks and pointers of every type it knows."""
+    from triton.runtime import interpreter
+
+    install()
+    assert interpreter._get_np_dtype.__module__ == "conformance.engine.triton_interpreter"
+    original = inspect.getclosurevars(interpreter._get_np_dtype).nonlocals["original"]
+    scalars = [tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32,
+               tl.uint32, tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e4nv]
+    for scalar in scalars:
+        for tt in (scalar, tl.block_type(scalar, [4]), tl.pointer_type(scalar), tl.block_type(tl.pointer_type(scalar), [4])):
+            assert interpreter._get_np_dtype(tt) == original(tt), tt
+            assert interpreter._get_np_dtype(tt) == original(tt), tt  # and again, from what was kept

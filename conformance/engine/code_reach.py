@@ -33,31 +33,35 @@ MAX_HOPS = 8
 MAX_ITEMS = 256  # a larger table is not read (opaque)
 
 
-def reaches(code: Iterable[Callable[..., Any]], found: Callable[[Any], bool]) -> bool | None:
-    """True when a value for which ``found`` holds is reachable from ``code``; False when every
-    path was read to its end and none is; None when some path cannot be read (see the module)."""
-    walk = _Walk(found)
+def reaches(code: Iterable[Callable[..., Any]], found: Callable[[Any], bool], names: frozenset[str] = frozenset()) -> bool | None:
+    """True when a value for which ``found`` holds is reachable from ``code``, or a function read
+    uses one of ``names`` (``x.new_empty``: a method no value leads to); False when every path was
+    read to its end and none is; None when some path cannot be read (see the module)."""
+    walk = _Walk(found, names)
     for fn in code:
         walk.push(fn, 0)
     return walk.run()
 
 
-def reaches_once(function: object, code: Callable[[], Iterable[Callable[..., Any]]], found: Callable[[Any], bool]) -> bool | None:
+def reaches_once(
+    function: object, code: Callable[[], Iterable[Callable[..., Any]]], found: Callable[[Any], bool], names: frozenset[str] = frozenset()
+) -> bool | None:
     """:func:`reaches` of ``code()`` (a target's own code) for the target ``function``, walked once
-    per (target, ``found``) in a process: a target's code is fixed, and callers ask per evaluation."""
-    key = (id(function), found)
+    per (target, ``found``, ``names``) in a process: a target's code is fixed, and callers ask per evaluation."""
+    key = (id(function), found, names)
     known = _ANSWERS.get(key)
     if known is None or known[0] is not function:  # an id reused by another target after the first was freed
-        known = _ANSWERS[key] = (function, reaches(code(), found))
+        known = _ANSWERS[key] = (function, reaches(code(), found, names))
     return known[1]
 
 
-_ANSWERS: dict[tuple[int, Callable[[Any], bool]], tuple[object, bool | None]] = {}
+_ANSWERS: dict[tuple[int, Callable[[Any], bool], frozenset[str]], tuple[object, bool | None]] = {}
 
 
 class _Walk:
-    def __init__(self, found: Callable[[Any], bool]) -> None:
+    def __init__(self, found: Callable[[Any], bool], names: frozenset[str]) -> None:
         self.found = found
+        self.names = names
         self.stack: list[tuple[Any, int]] = []
         self.seen: set[int] = set()
         self.kept: list[Any] = []  # what ``seen`` names stays alive, so no id is reused mid-walk
@@ -99,6 +103,9 @@ class _Walk:
                 continue
             code = function.__code__
             names = set(_names(code))
+            if not self.names.isdisjoint(names) or not self.names.isdisjoint(_strings(code)):
+                self.hit = True  # ``x.new_empty(...)``, or a name looked up by its string
+                break
             if names & DYNAMIC_NAMES or code.co_varnames[:1] in (("self",), ("cls",)) or _imports(code):
                 self.opaque = True  # attributes looked up, or modules imported, at run time
             for item in _referenced(function, names):
@@ -127,6 +134,15 @@ def _names(code: types.CodeType) -> Iterator[str]:
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             yield from _names(constant)
+
+
+def _strings(code: types.CodeType) -> Iterator[str]:
+    """The string constants of ``code`` and its nested functions (``vars(torch)["empty"]``)."""
+    for constant in code.co_consts:
+        if isinstance(constant, str):
+            yield constant
+        elif isinstance(constant, types.CodeType):
+            yield from _strings(constant)
 
 
 def _imports(code: types.CodeType) -> bool:

@@ -686,14 +686,14 @@ def user_call(case: Case, args: Sequence[Any] | None = None, *, grad: bool = Tru
     with contextlib.ExitStack() as stack:
         if not grad:
             stack.enter_context(torch.no_grad())
-        stack.enter_context(user_allocations(case.spec))
+        stack.enter_context(user_allocations(case))
         return as_tuple(case.spec.op.call(*forward_args(case, case.args() if args is None else args)))
 
 
 def user_evaluate(case: Case, names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor]) -> Evaluated:
     """:func:`evaluate` of the target as users call it, on fresh inputs from the case, forward and
     backward under the allocation policy of every evaluation."""
-    with user_allocations(case.spec):
+    with user_allocations(case):
         return evaluate(lambda *a: case.spec.op.call(*forward_args(case, a)), case.args(), names, grad_outputs)
 
 
@@ -704,7 +704,7 @@ def forward_mode(
     (forward-mode AD), under the case's RNG state and the allocation policy."""
     with fwAD.dual_level(), random_state(case.spec, case):
         duals = [fwAD.make_dual(a, tangents[i]) if i in tangents else a for i, a in enumerate(args)]  # type: ignore[no-untyped-call]
-        with user_allocations(case.spec):
+        with user_allocations(case):
             outputs = as_tuple(call(*forward_args(case, duals)))
         unpacked = [fwAD.unpack_dual(o) if isinstance(o, torch.Tensor) else None for o in outputs]  # type: ignore[no-untyped-call]
         primals = tuple(u.primal.detach().clone() if u is not None else o for u, o in zip(unpacked, outputs))
@@ -736,7 +736,7 @@ def reference_jvp(case: Case, args: Sequence[Any], tangents: Mapping[int, torch.
 def vmap_call(case: Case, in_dims: Sequence[int | None], batched: Sequence[Any]) -> tuple[Any, ...]:
     """``torch.func.vmap`` of the target (as users call it) over ``batched``, under the case's
     RNG state and the allocation policy."""
-    with random_state(case.spec, case), user_allocations(case.spec):
+    with random_state(case.spec, case), user_allocations(case):
         return as_tuple(torch.func.vmap(case.spec.op.call, in_dims=tuple(in_dims))(*batched))
 
 
@@ -754,7 +754,7 @@ def vjp_call(
         out = as_tuple(spec.op.call(*forward_args(case, full)))
         return tuple(out[p] for p in floating)
 
-    with random_state(spec, case), user_allocations(spec):
+    with random_state(spec, case), user_allocations(case):
         vjp_fn = torch.func.vjp(of_differentiable, *(args[p].detach() for p in wrt))[1]
         return tuple(vjp_fn(tuple(grad_outputs[p] for p in floating)))
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten
+from conformance.engine.memory import MARGIN, AllocationPolicy, Allocations, Unwritten, WatchedCode
 from conformance.engine.probe import Recorder
 from conformance.spec import Spec
 from strategies.cases import Case
+from strategies.recipes import ScalarRecipe
 
 __all__ = [
     "UNWRITTEN_CONTRACT",
@@ -140,12 +141,16 @@ def allocation_policy(spec: Spec) -> AllocationPolicy:
     return AllocationPolicy(None if UNWRITTEN_CONTRACT in spec.waivers else "poison", MARGIN)
 
 
-def user_allocations(spec: Spec) -> Allocations:
+def user_allocations(case: Case) -> Allocations:
     """The allocation policy of every evaluation, as a context for contracts that call the target
     themselves, as its users do (forward AD, torch.func): a store past the end of a buffer lands
     in a canary margin instead of corrupting the process (out_of_bounds reports it, through the
-    probe; these canaries are not kept), and what is never written stays poisoned."""
-    return Allocations(dataclasses.replace(allocation_policy(spec), keep_canaries=False), phase="the Function")
+    probe; these canaries are not kept), and what is never written stays poisoned. Entered only
+    where it could see something (:class:`conformance.engine.memory.WatchedCode`)."""
+    spec = case.spec
+    scalars = [recipe.value for recipe in case.recipes if isinstance(recipe, ScalarRecipe)]
+    watched = WatchedCode(spec.op.function).called_with(scalars)
+    return Allocations(dataclasses.replace(allocation_policy(spec), keep_canaries=False), phase="the Function", watched=watched)
 
 
 def why_no_backward(execution: Execution) -> str:

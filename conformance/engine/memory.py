@@ -9,6 +9,7 @@ through the probe, around the user's own forward and backward only:
   Python code makes (``torch.empty``, ``empty_like``, ``new_empty``, ``empty_strided``, also
   those of a Triton kernel's Python wrapper; not those inside a C++ extension). With
   ``fill="poison"`` it fills them with NaN (floats) or :data:`INT_POISON` (integers); an element the Function never wrote then stays NaN.
+  It is entered only around code that may make such a call (:class:`WatchedCode`).
   :func:`unwritten_elements` confirms it against a second run whose allocations hold zeros (what
   a lucky machine gives): NaN with poison but not with zeros means the value came from memory
   the Function never wrote. A NaN in both runs is the Function's own (0/0), never reported here.
@@ -23,12 +24,15 @@ through the probe, around the user's own forward and backward only:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from torch.autograd.function import FunctionCtx
 from torch.overrides import TorchFunctionMode
+
+from conformance.engine.code_reach import reaches_once
 
 __all__ = [
     "CANARY",
@@ -40,7 +44,9 @@ __all__ = [
     "CanaryBuffer",
     "SavedStorage",
     "Unwritten",
+    "WatchedCode",
     "padded_copy",
+    "plain_arguments",
     "poison_candidates",
     "saved_storages",
     "unwritten_elements",
@@ -76,6 +82,9 @@ UNINITIALISED = {
 }
 if hasattr(torch, "empty_permuted"):
     UNINITIALISED[torch.empty_permuted] = "torch.empty_permuted"
+# The names under which Python code reaches them (``torch.empty``, ``x.new_empty``).
+ALLOCATOR_NAMES = frozenset(name.rpartition(".")[2] for name in UNINITIALISED.values())
+FUNCTION_METHODS = ("forward", "setup_context", "backward", "vjp", "jvp", "vmap")
 INT_POISON = 0x5A5A  # clipped to the dtype's largest value for int8/uint8; bools get True
 CANARY = 1234.5  # halved to fit a float8 dtype; compared bitwise with what was stored, so rounding is fine
 INT_CANARY = 0x3C
@@ -151,6 +160,8 @@ def _changed(now: torch.Tensor, expected: torch.Tensor) -> list[int]:
         return []
     now_bits = now.detach().cpu().contiguous().view(torch.uint8).view(now.numel(), -1)
     expected_bits = expected.detach().cpu().contiguous().view(torch.uint8).view(expected.numel(), -1)
+    if torch.equal(now_bits, expected_bits):  # the usual answer, in one call
+        return []
     return torch.nonzero((now_bits != expected_bits).any(dim=1)).flatten().tolist()
 
 
@@ -195,18 +206,73 @@ def padded_copy(tensor: torch.Tensor, margin: int, label: str) -> tuple[torch.Te
     return copy, canaries
 
 
+def _is_allocator(value: Any) -> bool:
+    return any(value is allocator for allocator in UNINITIALISED)
+
+
+def _plain_argument(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_plain_argument(item) for item in value)
+    # ``FunctionCtx``: the ctx a forward or jvp of the Function itself receives.
+    plain = (torch.Tensor, bool, int, float, complex, str, slice, torch.dtype, torch.device, torch.layout, torch.memory_format, FunctionCtx)
+    return value is None or value is Ellipsis or isinstance(value, plain)
+
+
+def plain_arguments(args: Iterable[Any]) -> bool:
+    """Whether ``args`` are data only (tensors, numbers, strings, dtypes, tuples of them): no
+    callable or object whose code, run by the Function, could allocate."""
+    return all(_plain_argument(arg) for arg in args)
+
+
+class WatchedCode:
+    """Whether :class:`Allocations` must be entered around a Function's code at all. The mode
+    sees only calls made from Python frames outside any torch call (inside one it is popped), so
+    when the Function's own code -- ``forward``, ``setup_context``, ``backward``, ``jvp``,
+    ``vmap`` and the user's helpers they reach, read to their end by
+    :mod:`conformance.engine.code_reach` -- names none of ``UNINITIALISED`` and its arguments are
+    plain data, it would see nothing of the Function's own; entering it costs ~1 us on every torch
+    call made (2% of the main job). Once a call passes anything else (a callable: its code is not
+    read), it is entered from then on. What torch's own Python helpers allocate
+    (``torch.nn.grad.conv1d_input`` calls ``new_empty``) is torch's, not the Function's: such a
+    Function's unwritten_memory verdict is n/a, where the mode used to poison those buffers too."""
+
+    def __init__(self, function: type) -> None:
+        self.watched = reaches_once(function, lambda: _methods(function), _is_allocator, ALLOCATOR_NAMES) is not False
+
+    def called_with(self, args: Iterable[Any]) -> bool:
+        """Whether to watch a call on ``args`` (and every later one)."""
+        if not self.watched and not plain_arguments(args):
+            self.watched = True
+        return self.watched
+
+
+def _methods(function: type) -> list[Callable[..., Any]]:
+    return [method for name in FUNCTION_METHODS if (method := getattr(function, name, None)) is not None]
+
+
 class Allocations(TorchFunctionMode):
     """While active, every uninitialised allocation (``UNINITIALISED``) is, as ``policy`` says,
     filled (poison, zeros, or left as torch gives it) and given ``policy.margin`` canary elements
     past its end in the same storage (kept in ``canaries`` for :meth:`CanaryBuffer.damage` when
-    ``policy.keep_canaries``). The tensor keeps storage offset 0 and is not a view."""
+    ``policy.keep_canaries``). The tensor keeps storage offset 0 and is not a view. Unless
+    ``watched``, entering it does nothing (:class:`WatchedCode` says it could see nothing)."""
 
-    def __init__(self, policy: AllocationPolicy | None = None, *, phase: str = "") -> None:
+    def __init__(self, policy: AllocationPolicy | None = None, *, phase: str = "", watched: bool = True) -> None:
         super().__init__()
         self.policy = policy or AllocationPolicy()
         self.phase = phase
+        self.watched = watched
         self.allocations = 0
         self.canaries: list[CanaryBuffer] = []
+
+    def __enter__(self) -> Allocations:
+        if self.watched:
+            super().__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.watched:
+            super().__exit__(*exc)  # type: ignore[no-untyped-call]
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))

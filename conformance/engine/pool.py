@@ -187,15 +187,16 @@ def _tensors(execution: Execution) -> list[torch.Tensor]:
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``tensor``'s values as bytes (bitwise: NaN equals NaN, -0.0 differs from 0.0)."""
+    """``tensor``'s values as bytes (bitwise: NaN equals NaN, -0.0 differs from 0.0); a view of
+    them where its memory is already flat, so only a snapshot needs to copy."""
     flat = tensor.detach().reshape(-1)
     if flat.dtype in (torch.bool, torch.uint8) or flat.numel() == 0:
-        return flat.clone()
-    return flat.contiguous().view(torch.uint8).clone()
+        return flat
+    return flat.contiguous().view(torch.uint8)
 
 
 def _snapshot(execution: Execution) -> list[torch.Tensor]:
-    return [_bits(t) for t in _tensors(execution)]
+    return [_bits(t).clone() for t in _tensors(execution)]
 
 
 def _intact(kept: _Kept) -> bool:

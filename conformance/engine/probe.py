@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from conformance.engine.held import Held, held_on
-from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer
+from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer, WatchedCode
 from conformance.spec.targets import declares_jvp
 
 __all__ = ["BackwardCall", "Recorder", "guarded", "probe", "user_backward_name"]
@@ -86,15 +86,20 @@ def _subclass(fn: type[torch.autograd.Function], methods: dict[str, Any]) -> typ
 
 
 def _under_allocations(
-    user_forward: Any, allocations: AllocationPolicy, done: Callable[[Allocations], None] | None = None, *, phase: str = "forward"
+    user_forward: Any,
+    allocations: AllocationPolicy,
+    watch: WatchedCode,
+    done: Callable[[Allocations], None] | None = None,
+    *,
+    phase: str = "forward",
 ) -> Any:
-    """``user_forward`` (or ``jvp``) run under :class:`Allocations` (``done(mode)`` afterwards). It
-    keeps the user's signature: ``Function.apply`` fills in a setup_context-style forward's
-    defaults from it."""
+    """``user_forward`` (or ``jvp``) run under :class:`Allocations` (``done(mode)`` afterwards),
+    entered where ``watch`` says it could see something. It keeps the user's signature:
+    ``Function.apply`` fills in a setup_context-style forward's defaults from it."""
 
     @functools.wraps(user_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        mode = Allocations(allocations, phase=phase)
+        mode = Allocations(allocations, phase=phase, watched=watch.called_with((*args, *kwargs.values())))
         try:
             with mode:
                 return user_forward(*args, **kwargs)
@@ -113,16 +118,17 @@ def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy, *,
     unkept = dataclasses.replace(allocations, keep_canaries=False)
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
+    watch = WatchedCode(fn)
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         if shield:
             grad_outputs = tuple(_private(g) for g in grad_outputs)
-        with Allocations(unkept, phase=method):
+        with Allocations(unkept, phase=method, watched=watch.watched):
             return user_backward(ctx, *grad_outputs)
 
-    methods = {"forward": _under_allocations(fn.forward, unkept), method: backward}
+    methods = {"forward": _under_allocations(fn.forward, unkept, watch), method: backward}
     if declares_jvp(fn):
-        methods["jvp"] = _under_allocations(fn.jvp, unkept, phase="jvp")
+        methods["jvp"] = _under_allocations(fn.jvp, unkept, watch, phase="jvp")
     return _subclass(fn, methods)
 
 
@@ -145,6 +151,7 @@ def probe(
     recorder = Recorder()
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
+    watch = WatchedCode(fn)
 
     def record(mode: Allocations) -> None:
         recorder.uninitialised_allocations += mode.allocations
@@ -153,7 +160,7 @@ def probe(
     def backward_of_user(ctx: Any, *grad_outputs: Any) -> Any:
         if allocations is None:
             return user_backward(ctx, *grad_outputs)
-        mode = Allocations(allocations, phase=method)
+        mode = Allocations(allocations, phase=method, watched=watch.watched)
         try:
             with mode:
                 return user_backward(ctx, *grad_outputs)
@@ -188,8 +195,8 @@ def probe(
 
     methods: dict[str, Any] = {method: recording_backward}
     if allocations is not None:
-        methods["forward"] = _under_allocations(fn.forward, allocations, record)
+        methods["forward"] = _under_allocations(fn.forward, allocations, watch, record)
         if declares_jvp(fn):
-            methods["jvp"] = _under_allocations(fn.jvp, allocations, record, phase="jvp")
+            methods["jvp"] = _under_allocations(fn.jvp, allocations, watch, record, phase="jvp")
     probed = _subclass(fn, methods)
     return probed, recorder

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from conformance.engine.report import ContractFailure
+from conformance.spec import Spec
 from strategies.cases import Case
 from strategies.recipes import (
     AdditiveMaskRecipe,
@@ -141,7 +142,7 @@ def to_source(value: Any) -> str:
                 continue
             current = getattr(value, f.name)
             if f.name == "recipes":
-                recipes = "".join(f"\n        {to_source(r)}," for r in current)
+                recipes = "".join(f"\n        {_recipe_source(r, value.spec)}," for r in current)
                 fields.append(f"recipes=({recipes}\n    )")
             elif _differs_from_default(f, current):
                 fields.append(f"{f.name}={to_source(current)}")
@@ -155,6 +156,18 @@ def to_source(value: Any) -> str:
         ]
         return f"{type(value).__name__}({', '.join(parts)})"
     raise ReproUnavailable(f"a drawn {type(value).__name__} ({value!r:.60}) has no source form")
+
+
+def _recipe_source(recipe: Recipe, spec: Spec) -> str:
+    """``recipe`` as source; a Scalar's constant that has none (a function, a config object) is
+    read from the spec's own input, which holds that very object."""
+    try:
+        return to_source(recipe)
+    except ReproUnavailable:
+        declared = [i for i in spec.inputs if i.name == recipe.name and getattr(i, "value", None) is getattr(recipe, "value", None)]
+        if not isinstance(recipe, ScalarRecipe) or not declared:
+            raise
+        return f"ScalarRecipe({recipe.name!r}, value=next(i.value for i in spec.inputs if i.name == {recipe.name!r}))"
 
 
 def _differs_from_default(f: dataclasses.Field[Any], current: Any) -> bool:

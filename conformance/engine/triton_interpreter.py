@@ -23,7 +23,7 @@ gaps and cuts that cost, process-wide:
 * Speed: a ``@triton.jit`` helper called inside a launch does not patch triton.language again,
   once per program, when the launch already did (a quarter of the reference kernels' time);
   without CUDA, triton.language stays patched after the first launch instead of being patched
-  and restored around each one (a tenth).
+  and restored around each one (a tenth); the numpy dtype of each Triton type is looked up once.
 
 The pytest plugin calls :func:`install` before importing ``--impl`` modules when it chose the
 interpreter. Import this module freely: it imports triton only inside its functions.
@@ -259,8 +259,32 @@ def install() -> bool:
         _patch_autotune(triton)
         _patch_launches()
         _patch_device_function_calls()
+        _patch_numpy_dtypes()
         _INSTALLED["done"] = True
         return True
+
+
+def _patch_numpy_dtypes() -> None:
+    """Speed only: the interpreter's ``_get_np_dtype`` builds its table of twenty numpy dtypes on
+    every call, several times per operation of every program (2-4% of an interpreted contract's
+    time); its answer per Triton scalar type is kept instead."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._get_np_dtype
+    known: dict[str, Any] = {}
+
+    def get_np_dtype(tt_dtype: Any) -> Any:
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        key = "*" if isinstance(scalar, tl.pointer_type) else getattr(scalar, "name", None)
+        if not isinstance(key, str):
+            return original(tt_dtype)
+        found = known.get(key)
+        if found is None:
+            found = known[key] = original(scalar)
+        return found
+
+    interpreter._get_np_dtype = get_np_dtype
 
 
 def _patch_libdevice() -> None:

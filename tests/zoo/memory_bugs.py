@@ -6,6 +6,8 @@
   fresh buffer held (often zeros) is returned as the gradient. ``blocked_scale`` is the same code
   launching ``cdiv(numel, BLOCK)`` blocks. ``tail_unwritten_grad_aliased`` is the same bug through
   a module-level ``from torch import empty_like as ...``: the suite must see that allocation too.
+  ``tail_unwritten_grad_by_argument`` gets that launcher as an argument: its own code names no
+  allocation, the function it is handed does.
 * ``attention_saves_probs``: an attention that declares the flash-attention promise (keep the
   inputs, the output and one log-sum-exp per row) but saves the full probability matrix for
   backward. ``attention_lse`` keeps the promise and recomputes the probabilities in backward.
@@ -20,7 +22,7 @@ import torch
 from torch import empty_like as allocate_like
 from torch.autograd.function import once_differentiable
 
-from conformance import Tensor, register
+from conformance import Scalar, Tensor, register
 
 BLOCK = 8
 
@@ -78,6 +80,27 @@ class TailUnwrittenGradAliased(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         return _blocked_scale_aliased(grad_output, 3.0)
 
+
+class TailUnwrittenGradByArgument(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, launcher: Any) -> torch.Tensor:
+        ctx.launcher = launcher
+        return x * 3.0
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.launcher(grad_output, 3.0), None
+
+
+register(
+    TailUnwrittenGradByArgument,
+    name="tail_unwritten_grad_by_argument",
+    inputs=[Tensor("x", "*batch n"), Scalar("launcher", _blocked_scale_aliased)],
+    reference=lambda x, launcher: x * 3.0,
+    double_backward=False,
+    waivers={"compile": "loops over blocks in Python, so torch.compile recompiles for every numel"},
+)
 
 for fn, name in (
     (BlockedScale, "blocked_scale"),

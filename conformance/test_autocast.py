@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, forward, gradients, preflight
+from conformance.engine.evaluate import Evaluated, forward, gradients
 from conformance.engine.harness import differentiable_positions, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -140,7 +140,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     pristine_grads = {p: g.detach().clone() for p, g in grad_outputs.items()}
     wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not positions or not wrt:
-        preflight(target.contract, case)  # a forward that returns no tensor is return_count's
+        target.preflight(case)  # a forward that returns no tensor is return_count's
         target.not_checked("no output carries a gradient back to an input under autocast")
         return
     try:
@@ -268,7 +268,7 @@ def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = Fal
     not compared here."""
     spec = target.spec
     names = [r.name for r in case.recipes]
-    execution = preflight(target.contract, case)
+    execution = target.preflight(case)
     if spec.nondeterministic:
         return
     grad_outputs = dict(zip(execution.diff_positions, execution.grad_outputs_before))

@@ -39,7 +39,6 @@ from conformance.engine.evaluate import (
     blocked_by_fake_kernel,
     blocked_by_undeclared_writes,
     outputs_and_grads,
-    preflight,
 )
 from conformance.engine.numerics import (
     Judged,
@@ -366,7 +365,7 @@ def check_compile(target: Target, data: st.DataObject) -> None:
     for case in drawn:
         # A defect eager already shows is its owner's (blocked by it), at every call's sizes: a
         # gradient summed over the wrong dim has the right shape only where the dims are equal.
-        preflight(target.contract, case)
+        target.preflight(case)
         blocked_by_fake_kernel(case)  # a fake kernel right only where dims are equal
     try:
         with without_guard_latency_profile():  # a debug log's number, a quarter of each compile

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.evaluate import forward_mode, function_of_tensors, preflight, reference_jvp
+from conformance.engine.evaluate import forward_mode, function_of_tensors, reference_jvp
 from conformance.engine.finite_differences import (
     FAST_ATOL,
     FAST_RTOL,
@@ -136,7 +136,7 @@ def _check_refuses(target: Target, case: Case) -> None:
 
 def check_forward_ad(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    preflight(target.contract, case)  # a defect eager already shows is its owner's (blocked by it)
+    target.preflight(case)  # a defect eager already shows is its owner's (blocked by it)
     with warnings.catch_warnings():
         # torch's forward-AD machinery scripts a helper on first use and warns that
         # torch.jit.script is deprecated: torch's own business, not the user's.

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import preflight, user_call, user_evaluate, vjp_call, vmap_call
+from conformance.engine.evaluate import user_call, user_evaluate, vjp_call, vmap_call
 from conformance.engine.harness import forward_args, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -185,7 +185,7 @@ def _check_vjp(target: Target, case: Case) -> None:
 
 def check_func(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
-    preflight(target.contract, case)  # a defect eager already shows is its owner's (blocked by it)
+    target.preflight(case)  # a defect eager already shows is its owner's (blocked by it)
     declared = target.spec.op.declares("vmap") and target.spec.op.declares("setup_context")
     _check_vmap(target, data, case, declared=declared)
     if declared and target.spec.op.kind == "autograd.Function":

@@ -39,7 +39,6 @@ from conformance.engine.evaluate import (
     blocked_by_unversioned_saves,
     function_of_tensors,
     gradients,
-    preflight,
     recorded_function_of_tensors,
 )
 from conformance.engine.finite_differences import (
@@ -111,7 +110,7 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data, target.case_options.replace(spacing=FD_SPACING), dtypes=(dtype,))
     args = case.args(dtype=dtype)
     wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    execution = preflight(target.contract, case, dtype=dtype)
+    execution = target.preflight(case, dtype=dtype)
     if not target.backward_ran(execution):
         return
     names = [case.recipes[i].name for i in wrt_positions]

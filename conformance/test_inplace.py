@@ -30,7 +30,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.evaluate import forward, gradients, preflight
+from conformance.engine.evaluate import forward, gradients
 from conformance.engine.harness import changed_elements, differentiable_positions, forward_args
 from conformance.engine.numerics import exactly_equal, reordering_tolerance
 from conformance.engine.probe import BackwardCall
@@ -84,7 +84,7 @@ def _describe_change(count: int, now: torch.Tensor, before: Snapshot) -> str:
 
 def check_inplace(target: Target, data: st.DataObject) -> None:
     drawn = target.draw_case(data)
-    preflight(target.contract, drawn)  # a structural defect blocks this contract; see defects.py
+    target.preflight(drawn)  # a structural defect blocks this contract; see defects.py
     # Every grad_output layout: a backward that writes into ``grad.transpose(1, 2).contiguous()``
     # or ``grad.view(...)`` writes into the caller's tensor only when that call is a no-op, i.e.
     # when grad_output has the layout backward turns it into (often the output's own strides).

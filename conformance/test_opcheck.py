@@ -14,7 +14,6 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.evaluate import preflight
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.spec.targets import CustomOpAdapter
@@ -40,7 +39,7 @@ def check_opcheck(target: Target, data: st.DataObject) -> None:
     case = target.draw_case(data)
     # A defect eager already shows (a gradient of the wrong shape fails test_aot_dispatch_dynamic
     # too) is its owner's: opcheck is blocked by it.
-    preflight(target.contract, case)
+    target.preflight(case)
     results = op.opcheck(case.args())
     failed = {name: error for name, error in results.items() if error is not None}
     if failed:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute, gradients_through_outputs, preflight
+from conformance.engine.evaluate import execute, gradients_through_outputs
 from conformance.engine.harness import differentiable_positions, random_state, why_no_backward
 from conformance.engine.numerics import exactly_equal, reordering_tolerance
 from conformance.engine.report import describe_value, fail
@@ -57,7 +57,7 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
         else:
             target.not_checked(why_no_backward(execution))
         return
-    preflight(target.contract, case)  # a structural defect blocks this contract; see defects.py
+    target.preflight(case)  # a structural defect blocks this contract; see defects.py
     wrt_names = execution.wrt_names
     del execution
     for used in subsets:

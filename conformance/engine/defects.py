@@ -164,7 +164,10 @@ def structural_defects(
     raw = call.raw
     names = [r.name for r in case.recipes]
     fn_name = case.spec.display_name
-    returned = ", ".join(describe_value(v) for v in raw)
+
+    def returned() -> str:  # only where a defect is reported: most calls have none
+        return ", ".join(describe_value(v) for v in raw)
+
     where = f"{fn_name}.backward, forward inputs {names}"
     defects: list[Defect] = []
     if len(raw) < len(names):
@@ -172,7 +175,7 @@ def structural_defects(
             "return_count",
             f"len(backward return)={len(raw)}, but should be {len(names)} [{where}]",
             (
-                f"backward returned ({returned}); the gradient for {names[len(raw):]} is missing.",
+                f"backward returned ({returned()}); the gradient for {names[len(raw):]} is missing.",
                 "Return one entry per forward input (None where there is no gradient).",
             ),
         ))
@@ -183,7 +186,7 @@ def structural_defects(
             "return_count",
             f"len(backward return)={len(raw)}, but should be {len(names)} [{where}]",
             (
-                f"backward returned ({returned}); entries {extra} go beyond the {len(names)} forward inputs "
+                f"backward returned ({returned()}); entries {extra} go beyond the {len(names)} forward inputs "
                 "and are not None.",
             ),
         ))
@@ -194,14 +197,14 @@ def structural_defects(
                 f"grad[{recipe.name!r}]={describe_value(value)}, but should be None [{where}]",
                 (
                     f"{recipe.name!r} is a {recipe.kind} input (not differentiable); backward must return None for it.",
-                    f"backward returned ({returned}).",
+                    f"backward returned ({returned()}).",
                 ),
             ))
         elif value is not None and not isinstance(value, torch.Tensor):
             defects.append(Defect(
                 "return_count",
                 f"grad[{recipe.name!r}]={describe_value(value)}, but should be a Tensor or None [{where}]",
-                (f"backward returned ({returned}).",),
+                (f"backward returned ({returned()}).",),
             ))
     if defects:
         return defects

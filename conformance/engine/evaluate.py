@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from conformance.engine.defects import CRASH_OWNER, Blocked, Defect, ForwardError, as_called, require_sound
+from conformance.engine.defects import CRASH_OWNER, Blocked, Defect, ForwardError, as_called
 from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
 from conformance.engine.harness import (
     Execution,
@@ -68,7 +68,6 @@ __all__ = [
     "gradients_after_writes",
     "gradients_through_outputs",
     "outputs_and_grads",
-    "preflight",
     "recorded_function_of_tensors",
     "reference_jvp",
     "run_reference",
@@ -497,16 +496,6 @@ def _runs_cleanly(case: Case) -> bool:
     except Exception:
         return False
     return execution.backward_error is None
-
-
-def preflight(contract: str, case: Case, *, dtype: torch.dtype | None = None) -> Execution:
-    """Forward and backward of ``case`` through the probe, stopping (failure or "blocked by")
-    on a crash or a structural defect; for contracts that then drive the Function themselves."""
-    __tracebackhide__ = True
-    with random_state(case.spec, case):
-        execution = execute(case, dtype=dtype)
-    require_sound(contract, execution)
-    return execution
 
 
 def recorded_function_of_tensors(

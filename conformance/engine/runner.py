@@ -43,11 +43,12 @@ from conformance.engine.defects import (
     ForwardError,
     backward_raised,
     forward_raised,
+    require_sound,
 )
 from conformance.engine.evaluate import crash_owner, execute
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
-from conformance.engine.harness import Execution, why_no_backward
+from conformance.engine.harness import Execution, random_state, why_no_backward
 from conformance.engine.literals import Literals, drawing_from, snapshot
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
@@ -269,6 +270,16 @@ class Target:
             return make()
         options = (str(dtype or case.dtype), tuple(sorted(case.requires_grad if requires_grad is None else requires_grad)))
         return self.pool.execution(case, make, options=options, rng=rng)
+
+    def preflight(self, case: Case, *, dtype: torch.dtype | None = None) -> Execution:
+        """Forward and backward of ``case`` through the probe (:meth:`execution`: shared), stopping
+        (failure or "blocked by") on a crash or a structural defect; for contracts that then drive
+        the Function themselves."""
+        __tracebackhide__ = True
+        with random_state(self.spec, case):
+            execution = self.execution(case, dtype=dtype)
+        require_sound(self.contract, execution)
+        return execution
 
     def reporting(self) -> bool:
         """Whether a failure of this example is the one reported: Hypothesis' final run of the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import functools
 import subprocess
 import sys
 import time
@@ -550,9 +551,86 @@ class _CallsWhatItIsGiven(torch.autograd.Function):
 _ALLOCATE = torch.empty_like
 
 
+def _with_out_buffer(fn: Any) -> Any:
+    """A decorator whose wrapper allocates the buffer the wrapped function fills."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return fn(ctx, x, torch.empty_like(x))
+
+    return wrapper
+
+
+class _AllocatesInADecorator(torch.autograd.Function):
+    @staticmethod
+    @_with_out_buffer
+    def forward(ctx: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out[:1] = x[:1]
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+@functools.singledispatch
+def _fill(x: object) -> torch.Tensor:
+    raise TypeError(x)
+
+
+@_fill.register
+def _(x: torch.Tensor) -> torch.Tensor:
+    return _half_written(x)
+
+
+class _AllocatesInADispatchedHelper(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _fill(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _HalfWriter(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _half_written(x)
+
+
+_LAYERS = torch.nn.Sequential(_HalfWriter())  # a library container of the user's module
+
+
+class _AllocatesInAModuleOfALibraryContainer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _LAYERS(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+@functools.cache
+def _factor(n: int) -> float:
+    return 2.0 * n
+
+
+class _PlainWithACachedHelper(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * _factor(1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * _factor(1)
+
+
 @pytest.mark.parametrize(
     ("function", "watched"),
-    [(_Plain, False), (_CallsWhatItIsGiven, False), (_AllocatesInAHelper, True), (_AllocatesByAnotherName, True), (_AllocatesByString, True)],
+    [(_Plain, False), (_CallsWhatItIsGiven, False), (_PlainWithACachedHelper, False), (_AllocatesInAHelper, True),
+     (_AllocatesByAnotherName, True), (_AllocatesByString, True), (_AllocatesInADecorator, True),
+     (_AllocatesInADispatchedHelper, True), (_AllocatesInAModuleOfALibraryContainer, True)],
 )
 def test_the_allocation_mode_is_entered_only_where_the_functions_code_may_allocate(function: type, watched: bool) -> None:
     assert WatchedCode(function).watched is watched

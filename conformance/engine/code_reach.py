@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import dis
 import functools
-import inspect
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["reaches", "reaches_once"]
@@ -77,7 +76,10 @@ class _Walk:
         self.kept.append(value)
         if self.found(value):
             self.hit = True
-        elif isinstance(value, functools.partial):
+            return
+        for inner in _behind(value):  # what a wrapper, a bound method or a dispatcher runs as well
+            self.push(inner, hops)
+        if isinstance(value, functools.partial):
             for part in (value.func, *value.args, *value.keywords.values()):
                 self.push(part, hops)
         elif isinstance(value, (dict, list, tuple, set, frozenset)):
@@ -116,16 +118,42 @@ class _Walk:
 
 
 def _function(value: Any) -> types.FunctionType | None:
+    """The code-bearing function of ``value`` itself (a decorator's wrapper, not what it wraps:
+    :func:`_behind` reaches that)."""
     if isinstance(value, (staticmethod, classmethod)):
         value = value.__func__
     if isinstance(value, types.MethodType):
         value = value.__func__
-    if callable(value):
-        try:
-            value = inspect.unwrap(value)
-        except ValueError:  # a cycle of __wrapped__
-            return None
     return value if isinstance(value, types.FunctionType) else None
+
+
+def _behind(value: Any) -> list[Any]:
+    """Values ``value`` runs besides its own code: the function a decorator wraps (its wrapper may
+    allocate too, so both are read), the instance a bound method is bound to, the implementations
+    registered with a ``functools.singledispatch`` function."""
+    found: list[Any] = []
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, types.MethodType):
+        found.append(value.__self__)
+        value = value.__func__
+    if isinstance(value, types.FunctionType):
+        registry = value.__dict__.get("registry")
+        if isinstance(registry, Mapping):
+            found.extend(registry.values())
+        wrapped = value.__dict__.get("__wrapped__")
+    elif _transparent(value):
+        wrapped = value.__wrapped__
+    else:
+        return found
+    if wrapped is not None:
+        found.append(wrapped)
+    return found
+
+
+def _transparent(value: Any) -> bool:
+    """A functools cache in front of a function (``@functools.cache``): it runs only what it wraps."""
+    return type(value).__module__ == "functools" and "__wrapped__" in dir(value)
 
 
 def _names(code: types.CodeType) -> Iterator[str]:
@@ -183,10 +211,23 @@ def _inert(value: Any) -> bool:
     a custom op: any kernel may run behind them) and generic holders (a ``SimpleNamespace``)."""
     if value is None or isinstance(value, (int, float, complex, str, bytes, bool)):
         return True
+    if _transparent(value):
+        return True  # what it wraps is pushed (:func:`_behind`)
     if _users(value):
         return False
     kind = type(value).__module__ or ""
+    if callable(value) and not isinstance(value, (types.ModuleType, type, types.FunctionType, *_BUILTIN_CALLABLES)):
+        # A library object that runs code of its own choosing (nn.Sequential(user_module),
+        # methodcaller) -- except a Triton kernel: a device program, which neither allocates torch
+        # memory nor draws from a host generator (``found`` says whether it is a kernel).
+        return kind.split(".")[0] == "triton"
     return not kind.startswith(("torch._ops", "torch._library", "types", "functools"))
+
+
+_BUILTIN_CALLABLES = (
+    types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
+    types.MethodDescriptorType, types.ClassMethodDescriptorType,
+)
 
 
 def _users(value: Any) -> bool:

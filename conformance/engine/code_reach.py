@@ -6,7 +6,8 @@ torch, numpy, the standard library or the suite).
 Function that shares a module with a Triton kernel does not launch it. It answers False only when
 every value on every path was read to its end. Anything it cannot read to the end -- ``getattr``,
 ``eval``, ``torch.ops`` or a custom op (any kernel may run behind them), ``self.``/``cls.``
-attributes, an import inside a function, an object of the user's, a library object it does not know, too many hops -- makes
+attributes, an import inside a function, an object of the user's, a library object it does not know (a callable one, such as an
+``nn.Sequential`` holding the user's modules), too many hops -- makes
 the answer None, and the caller falls back to the module.
 """
 

@@ -679,3 +679,5 @@ def test_exactly_equal_accepts_only_what_every_tolerance_accepts() -> None:
     assert not exactly_equal(nan, nan.clone())  # equal_nan or not: assert_close's to judge
     assert not exactly_equal(x, x.double())  # check_dtype or not: assert_close's to judge
     assert not exactly_equal(x, x[None])
+    meta = torch.zeros(2, device="meta")
+    assert not exactly_equal(meta, meta)  # no values to compare: never a shortcut

@@ -39,6 +39,7 @@ from conformance.engine.watchdog import (
     phase_marks,
 )
 from conformance.spec import Tensor
+from conformance.spec.targets import adapt
 from strategies.cases import CaseOptions, cases
 from strategies.recipes import ScalarRecipe, TensorRecipe
 from tests.strategies.helpers import collect_examples, make_spec
@@ -681,3 +682,25 @@ def test_exactly_equal_accepts_only_what_every_tolerance_accepts() -> None:
     assert not exactly_equal(x, x[None])
     meta = torch.zeros(2, device="meta")
     assert not exactly_equal(meta, meta)  # no values to compare: never a shortcut
+
+
+@torch.library.custom_op("conformance_units::scaled", mutates_args=())
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _scaled_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    return _half_written(grad)  # the registered backward runs in Python, where the mode sees it
+
+
+_scaled.register_autograd(_scaled_backward)
+
+
+def test_a_custom_ops_registered_backward_is_watched() -> None:
+    """The Function the suite builds around a custom op is its own code, which the walk does not
+    read: what it runs (the op's registered backward) must be watched all the same."""
+    assert WatchedCode(adapt(_scaled).function).watched
+    probed, recorder = probe(adapt(_scaled).function, allocations=AllocationPolicy("poison", 0))
+    x = torch.ones(4, requires_grad=True)
+    (grad,) = torch.autograd.grad(probed.apply(x), x, torch.ones(4))
+    assert recorder.uninitialised_allocations == 1 and grad[2:].isnan().all()

@@ -23,7 +23,6 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
-from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
@@ -55,9 +54,7 @@ def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     dtype_name = str(dtype).removeprefix("torch.")
     if target.context is not None:
         target.context.use_case(case.with_dtype(dtype))  # the repro rebuilds this dtype
-    with random_state(spec, case):
-        impl = target.execution(case, dtype=dtype)
-    require_sound(target.contract, impl)
+    impl = target.preflight(case, dtype=dtype)
     names = [recipe.name for recipe in case.recipes]
     # The truth is computed from pristine inputs and grad_outputs, rebuilt from the case: a
     # Function that writes into them is the inplace contract's finding, not a wrong value.

@@ -41,9 +41,9 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, contract
-from conformance.engine.defects import Blocked, Defect, require_sound
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Evaluated
-from conformance.engine.harness import Execution, random_state
+from conformance.engine.harness import Execution
 from conformance.engine.numerics import (
     Comparison,
     Judged,
@@ -89,9 +89,7 @@ def check_case(target: Target, case: Case, family: str) -> bool:
     dtype = case.dtype
     dtype_name = str(dtype).removeprefix("torch.")
     scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
-    with random_state(spec, case):  # declared random: every evaluation draws the same numbers
-        impl = target.execution(case)
-    require_sound(target.contract, impl)
+    impl = target.preflight(case)  # declared random: every evaluation draws the same numbers
     names = [recipe.name for recipe in case.recipes]
     # The truth comes from pristine inputs and grad_outputs, rebuilt from the case: a Function that
     # writes into them (inplace's finding) must not be judged against its own clobbered values.
@@ -158,9 +156,7 @@ def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
         replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
     ))
     spec = target.spec
-    with random_state(spec, ordinary):
-        impl = target.execution(ordinary)
-    require_sound(target.contract, impl)
+    impl = target.preflight(ordinary)
     args = ordinary.args()
     names = [recipe.name for recipe in ordinary.recipes]
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))

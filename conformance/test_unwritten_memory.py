@@ -14,8 +14,6 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.defects import require_sound
-from conformance.engine.harness import random_state
 from conformance.engine.runner import VARIED_CASES, Target
 
 NOTHING_ALLOCATED = (
@@ -26,9 +24,7 @@ NOTHING_ALLOCATED = (
 
 def check_unwritten_memory(target: Target, data: st.DataObject) -> None:
     case = target.draw_varied_case(data)
-    with random_state(case.spec, case):
-        execution = target.execution(case)
-    require_sound(target.contract, execution)
+    execution = target.preflight(case)
     if execution.recorder.uninitialised_allocations:
         target.checked()
     else:

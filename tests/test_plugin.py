@@ -430,3 +430,38 @@ def test_cuda_tests_skip_at_setup_with_their_verdict_where_cuda_is_unusable(monk
     assert cuda is not None and cuda.outcome.value == "not_run_here" and "CUDA is not available" in cuda.reason, cuda
     assert "test_reference.py::test_reference[softmax-cuda]" in cuda.rerun and "--device=cuda" in cuda.rerun, cuda.rerun
     assert items[1].markers[0].kwargs["reason"] == cuda.reason
+
+
+def _reports_of(pytester: pytest.Pytester, *args: str) -> list[tuple[Any, ...]]:
+    result = pytester.runpytest_inprocess(*args)
+    return [
+        (r.nodeid, r.when, r.outcome, r.longrepr if r.skipped else None, r.location, sorted(r.keywords), r.user_properties)
+        for r in result.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
+    ]
+
+
+def test_tests_not_run_here_are_reported_as_pytest_would_without_its_setup_and_teardown(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests of two contract modules, CPU ones between CUDA ones (set up and torn down across
+    modules), reported by the session's short path and by pytest's own protocol: the same reports."""
+    if collection.cuda_usable():
+        pytest.skip("CUDA is usable here: no test is skipped as not run here")
+    args = (str(CONFORMANCE_DIR / "test_return_count.py"), str(CONFORMANCE_DIR / "test_grad_meta.py"), "-k", "square or softmax",
+            "--max-examples=1", "-p", "no:cacheprovider")
+    calls = collections.Counter[str]()
+    short_path = collection.report_not_run_here
+
+    def counted(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        reported = short_path(item, nextitem)
+        calls[str(reported)] += 1
+        return reported
+
+    monkeypatch.setattr("conformance.plugin.session.report_not_run_here", counted)
+    fast = _reports_of(pytester, *args)
+    skipped = [r for r in fast if r[2] == "skipped"]
+    # Every cuda test took the short path, every cpu test pytest's.
+    assert calls["True"] == calls["False"] == len(skipped) > 1, (calls, len(skipped))
+    assert all(r[1] == "setup" and "CUDA is not available" in r[3][2] for r in skipped), skipped
+    monkeypatch.setattr("conformance.plugin.session.report_not_run_here", lambda item, nextitem: False)
+    assert fast == _reports_of(pytester, *args)

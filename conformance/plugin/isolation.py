@@ -28,7 +28,7 @@ from _pytest.runner import runtestprotocol
 
 from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import Crash, FlightRecorder, describe_crash
-from conformance.plugin.collection import TEST_PROPERTY
+from conformance.plugin.collection import TEST_PROPERTY, not_run_here_key
 
 __all__ = ["ForkIsolation", "XdistCrashReports", "crash_text", "exit_status_text"]
 
@@ -90,8 +90,8 @@ class ForkIsolation:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        if not any(name == TEST_PROPERTY for name, _ in item.user_properties):
-            return None  # not a contract test: pytest runs it as usual
+        if not any(name == TEST_PROPERTY for name, _ in item.user_properties) or not_run_here_key in item.stash:
+            return None  # not a contract test (pytest runs it as usual), or one the session reports as not run here
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         for report in self._run_in_child(item):

@@ -52,6 +52,7 @@ from conformance.plugin.collection import (
     function_by_function,
     keep_shard,
     mark_contract_tests,
+    report_not_run_here,
     rerun_command,
     skip_without_cuda,
 )
@@ -265,6 +266,10 @@ class ConformanceSession:
             keep_shard(config, items, self.options.shard)
         skip_without_cuda(items, self.run_dir, self.options)
         function_by_function(items, slow=lambda spec, device: runs_interpreted(spec.op, device))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        return True if report_not_run_here(item, nextitem) else None
 
     @pytest.hookimpl(wrapper=True, trylast=True)  # trylast: inside pytest's own log capture
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:

@@ -15,6 +15,7 @@ import shlex
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -117,7 +118,7 @@ def report_not_run_here(item: pytest.Item, nextitem: pytest.Item | None) -> bool
     if reason is None or not hasattr(setup_state, "teardown_exact"):
         return False
     path, line = item.reportinfo()[:2]
-    keywords = {name: 1 for name in item.keywords}
+    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     ihook.pytest_runtest_logreport(report=pytest.TestReport(

@@ -17,8 +17,11 @@ _Value = TypeVar("_Value")
 
 def reused(factory: Callable[..., _Made], *args: Any, **kwargs: Any) -> _Made:
     """``factory(*args, **kwargs)``, one object per (hashable) arguments of the same types:
-    ``0``, ``False`` and ``0.0`` are equal keys to a dict, but not the same draw."""
-    key = (factory, _typed(args), _typed(tuple(sorted(kwargs.items()))))
+    ``0``, ``False`` and ``0.0`` are equal keys to a dict, but not the same draw, so the key
+    holds the arguments' ``repr`` beside them (it tells those apart, inside tuples too, at a
+    third of the cost of walking them)."""
+    named = tuple(sorted(kwargs.items())) if kwargs else ()
+    key = (factory, args, named, repr(args), repr(named) if named else "")
     try:
         made = _MADE.get(key)
     except TypeError:  # an unhashable argument (a list inside a tuple): a new object, as without this
@@ -32,18 +35,6 @@ def reused(factory: Callable[..., _Made], *args: Any, **kwargs: Any) -> _Made:
 
 _MAX_MADE = 4096
 _MADE: dict[Any, Any] = {}
-
-
-def _typed(value: Any) -> Any:
-    """``value`` as a key that tells apart values Python finds equal (1 and 1.0 and True, 0.0
-    and -0.0), inside tuples and frozensets too."""
-    if isinstance(value, (float, complex)):
-        return type(value), repr(value)
-    if isinstance(value, tuple):
-        return type(value), tuple(_typed(item) for item in value)
-    if isinstance(value, frozenset):
-        return frozenset, frozenset(_typed(item) for item in value)
-    return type(value), value
 
 
 def sampled(values: tuple[_Value, ...]) -> st.SearchStrategy[_Value]:

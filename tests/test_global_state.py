@@ -199,3 +199,24 @@ def test_the_leaky_modules_do_leak(clean_registry) -> None:  # type: ignore[no-u
     assert "torch.is_grad_enabled()=True -> False" in changed.describe()
     assert "torch.get_default_dtype()=torch.float32 -> torch.float64" in changed.describe()
     assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
+
+
+_BACKEND_FLAGS = {  # torch.backends attributes whose getter is torch._C's, and their owners
+    "torch.backends.cuda.matmul.allow_tf32": (torch.backends.cuda.matmul, "allow_tf32"),
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+    "torch.backends.cudnn.enabled": (torch.backends.cudnn, "enabled"),
+    "torch.backends.cudnn.deterministic": (torch.backends.cudnn, "deterministic"),
+    "torch.backends.cudnn.benchmark": (torch.backends.cudnn, "benchmark"),
+    "torch.backends.cudnn.allow_tf32": (torch.backends.cudnn, "allow_tf32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BACKEND_FLAGS))
+def test_each_backend_flag_reads_what_the_torch_attribute_says(name: str) -> None:
+    flag = next(f for f in FLAGS if f.name == name)
+    owner, attribute = _BACKEND_FLAGS[name]
+    with preserved_global_state():
+        for value in (not PINNED[name], PINNED[name]):
+            flag.set(value)
+            assert flag.get() is bool(getattr(owner, attribute)) is value, (name, value)

@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -125,6 +125,18 @@ def _set_attribute(owner: Any, attribute: str) -> Callable[[Any], None]:
     return set_
 
 
+def _torch_getter(name: str, public: Callable[[], Any], part: int | None = None) -> Callable[[], Any]:
+    """The getter in ``torch._C`` behind a ``torch.backends`` attribute (item ``part`` of what it
+    returns), else ``public``: reading the attribute goes through the backend module's
+    ``__getattr__``, ~0.6 us a flag, and every Function call reads the flags twice."""
+    private = getattr(torch._C, name, None)
+    if private is None:
+        return public
+    if part is None:
+        return cast(Callable[[], Any], private)
+    return lambda: private()[part]
+
+
 def _flags() -> tuple[Flag, ...]:
     """The table of pinned flags, in restore order (matmul precision before allow_tf32, which
     torch derives from it). Pinned values are torch's own defaults, except the thread count,
@@ -168,23 +180,43 @@ def _flags() -> tuple[Flag, ...]:
         ),
         Flag(THREADS, torch.get_num_threads, torch.set_num_threads, SUITE_THREADS),
         Flag("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
-        Flag("torch.backends.cuda.matmul.allow_tf32", lambda: bool(matmul.allow_tf32), _set_attribute(matmul, "allow_tf32"), False),
+        Flag(
+            "torch.backends.cuda.matmul.allow_tf32",
+            _torch_getter("_get_cublas_allow_tf32", lambda: bool(matmul.allow_tf32)),
+            _set_attribute(matmul, "allow_tf32"),
+            False,
+        ),
         Flag(
             "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-            lambda: bool(matmul.allow_fp16_reduced_precision_reduction),
+            _torch_getter("_get_cublas_allow_fp16_reduced_precision_reduction", lambda: bool(matmul.allow_fp16_reduced_precision_reduction), 0),
             _set_attribute(matmul, "allow_fp16_reduced_precision_reduction"),
             True,
         ),
         Flag(
             "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-            lambda: bool(matmul.allow_bf16_reduced_precision_reduction),
+            _torch_getter("_get_cublas_allow_bf16_reduced_precision_reduction", lambda: bool(matmul.allow_bf16_reduced_precision_reduction), 0),
             _set_attribute(matmul, "allow_bf16_reduced_precision_reduction"),
             True,
         ),
-        Flag("torch.backends.cudnn.enabled", lambda: bool(cudnn.enabled), _set_attribute(cudnn, "enabled"), True),
-        Flag("torch.backends.cudnn.deterministic", lambda: bool(cudnn.deterministic), _set_attribute(cudnn, "deterministic"), False),
-        Flag("torch.backends.cudnn.benchmark", lambda: bool(cudnn.benchmark), _set_attribute(cudnn, "benchmark"), False),
-        Flag("torch.backends.cudnn.allow_tf32", lambda: bool(cudnn.allow_tf32), _set_attribute(cudnn, "allow_tf32"), True),
+        Flag("torch.backends.cudnn.enabled", _torch_getter("_get_cudnn_enabled", lambda: bool(cudnn.enabled)), _set_attribute(cudnn, "enabled"), True),
+        Flag(
+            "torch.backends.cudnn.deterministic",
+            _torch_getter("_get_cudnn_deterministic", lambda: bool(cudnn.deterministic)),
+            _set_attribute(cudnn, "deterministic"),
+            False,
+        ),
+        Flag(
+            "torch.backends.cudnn.benchmark",
+            _torch_getter("_get_cudnn_benchmark", lambda: bool(cudnn.benchmark)),
+            _set_attribute(cudnn, "benchmark"),
+            False,
+        ),
+        Flag(
+            "torch.backends.cudnn.allow_tf32",
+            _torch_getter("_get_cudnn_allow_tf32", lambda: bool(cudnn.allow_tf32)),
+            _set_attribute(cudnn, "allow_tf32"),
+            True,
+        ),
         Flag(
             'torch.is_autocast_enabled("cpu")',
             lambda: torch.is_autocast_enabled("cpu"),

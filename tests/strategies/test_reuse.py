@@ -37,3 +37,12 @@ def test_unhashable_arguments_still_give_a_strategy(data: st.DataObject) -> None
 def test_reused_strategies_draw_what_fresh_ones_do(data: st.DataObject) -> None:
     assert data.draw(sampled((-0.0,))) == 0.0 and str(data.draw(sampled((-0.0,)))) == "-0.0"
     assert data.draw(just(True)) is True
+
+
+def test_the_key_tells_apart_types_inside_nested_arguments_and_ignores_keyword_order() -> None:
+    # dict and list make a new object per call: only the cache can hand back the same one.
+    assert reused(dict, a=1, b=(2,)) is reused(dict, b=(2,), a=1)
+    assert reused(dict, a=1, b=(2,)) is not reused(dict, a=1, b=(2.0,))
+    assert reused(list, ((1, ("x", 0)),)) is reused(list, ((1, ("x", 0)),))
+    assert reused(list, ((1, ("x", 0)),)) is not reused(list, ((1, ("x", False)),))
+    assert reused(list, ((0.0,),)) is not reused(list, ((-0.0,),))

@@ -42,7 +42,7 @@ from conformance.engine.harness import (
     user_allocations,
 )
 from conformance.engine.memory import AllocationPolicy, padded_copy, poison_candidates, unwritten_elements
-from conformance.engine.probe import BackwardCall, Recorder, guarded, probe
+from conformance.engine.probe import BackwardCall, Recorder, guarded, probe, record_into
 from conformance.engine.terms import TermMagnitudes
 from conformance.engine.torch_text import modified_no_grad_view, modified_saved_tensor, writes_overlapping_memory
 from conformance.spec.targets import CustomOpAdapter
@@ -505,13 +505,16 @@ def recorded_function_of_tensors(
     # gradgradcheck's diagnosis calls it hundreds of times: nothing looks at its canaries, so none are kept.
     allocations = dataclasses.replace(allocation_policy(case.spec), keep_canaries=False)
     function, recorder = probe(fn or case.spec.fn, shield=True, allocations=allocations)
-    return _of_tensors(function, case, args, wrt_positions), recorder
+    return _of_tensors(function, case, args, wrt_positions, recorder), recorder
 
 
 def _of_tensors(
-    function: type[torch.autograd.Function], case: Case, args: Sequence[Any], wrt_positions: Sequence[int]
+    function: type[torch.autograd.Function], case: Case, args: Sequence[Any], wrt_positions: Sequence[int],
+    recorder: Recorder | None = None,
 ) -> Callable[..., tuple[torch.Tensor, ...]]:
     def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if recorder is not None:  # the probe class is shared: other evaluations may have used it since
+            record_into(function, recorder)
         full = list(args)
         # Clones (their gradient flows back to gradcheck's tensors): a forward or backward that
         # writes into its inputs must not move the very points gradcheck perturbs. Such writes

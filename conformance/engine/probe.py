@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,9 @@ import torch
 
 from conformance.engine.held import Held, held_on
 from conformance.engine.memory import AllocationPolicy, Allocations, CanaryBuffer, WatchedCode
-from conformance.spec.targets import declares_jvp
+from conformance.spec.targets import declares_jvp, uses_setup_context
 
-__all__ = ["BackwardCall", "Recorder", "guarded", "probe", "user_backward_name"]
+__all__ = ["BackwardCall", "Recorder", "forget_probe_classes", "guarded", "probe", "record_into", "user_backward_name"]
 
 
 @dataclass
@@ -52,6 +53,10 @@ class Recorder:
     # the canary-margined buffers they were placed in when canaries were on.
     uninitialised_allocations: int = 0
     canaries: list[CanaryBuffer] = field(default_factory=list)
+    # The policy this evaluation's forward and backward run under (None: not under Allocations),
+    # and whether Allocations must be entered for them (see WatchedCode: sticky per evaluation).
+    allocations: AllocationPolicy | None = None
+    watch: WatchedCode | None = None
 
     @property
     def last(self) -> BackwardCall:
@@ -132,6 +137,45 @@ def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy, *,
     return _subclass(fn, methods)
 
 
+class _Route:
+    """Which evaluation's :class:`Recorder` the calls of one cached probe class go to: the
+    current one (the last :func:`probe` or :func:`record_into`) for a forward, and for a
+    backward or jvp the one whose forward made its ``ctx`` (a graph may be differentiated after
+    another evaluation of the same Function began)."""
+
+    __slots__ = ("by_ctx", "current")
+
+    def __init__(self) -> None:
+        self.current = Recorder()
+        self.by_ctx: weakref.WeakKeyDictionary[Any, Recorder] = weakref.WeakKeyDictionary()
+
+    def bind(self, ctx: Any) -> Recorder:
+        try:
+            self.by_ctx[ctx] = self.current
+        except TypeError:  # a ctx without weak references: its calls go to the current evaluation
+            pass
+        return self.current
+
+    def of(self, ctx: Any) -> Recorder:
+        try:
+            found = self.by_ctx.get(ctx)
+        except TypeError:
+            found = None
+        return found if found is not None else self.current
+
+
+# One probe class per (Function, shield), made once: a class per evaluation cost ~48 us (26,000 in
+# the main job, 1.5% of it). The session drops them where a new Function's tests begin.
+_PROBE_CLASSES: dict[tuple[type[torch.autograd.Function], bool], tuple[type[torch.autograd.Function], _Route]] = {}
+_MAX_PROBE_CLASSES = 32
+_ROUTES: weakref.WeakKeyDictionary[type, _Route] = weakref.WeakKeyDictionary()  # also of dropped classes still in use
+
+
+def forget_probe_classes() -> None:
+    """Drop the cached probe classes (and the last record each kept routed)."""
+    _PROBE_CLASSES.clear()
+
+
 def probe(
     fn: type[torch.autograd.Function],
     *,
@@ -147,27 +191,45 @@ def probe(
     finding, not a wrong derivative. With ``allocations``, the user's forward and backward run
     under :class:`conformance.engine.memory.Allocations`: what they allocate uninitialised is poisoned
     (or zeroed) and surrounded by canaries, as the policy says.
+
+    The class is made once per ``(fn, shield)`` and reused; calls made through it from now on
+    record into the returned recorder (a caller that keeps the class and calls it again after
+    other evaluations says so with :func:`record_into`).
     """
-    recorder = Recorder()
+    key = (fn, shield)
+    made = _PROBE_CLASSES.get(key)
+    if made is None:
+        if len(_PROBE_CLASSES) >= _MAX_PROBE_CLASSES:
+            _PROBE_CLASSES.clear()
+        made = _PROBE_CLASSES[key] = _probe_class(fn, shield)
+    probed, route = made
+    recorder = Recorder(allocations=allocations, watch=WatchedCode(fn))
+    route.current = recorder
+    return probed, recorder
+
+
+def record_into(probed: type[torch.autograd.Function], recorder: Recorder) -> None:
+    """Route the next calls of ``probed`` (from :func:`probe`) to ``recorder`` again."""
+    _ROUTES[probed].current = recorder
+
+
+def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[torch.autograd.Function], _Route]:
+    route = _Route()
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
-    watch = WatchedCode(fn)
 
-    def record(mode: Allocations) -> None:
-        recorder.uninitialised_allocations += mode.allocations
-        recorder.canaries.extend(mode.canaries)
-
-    def backward_of_user(ctx: Any, *grad_outputs: Any) -> Any:
-        if allocations is None:
+    def backward_of_user(recorder: Recorder, ctx: Any, *grad_outputs: Any) -> Any:
+        if recorder.allocations is None or recorder.watch is None:
             return user_backward(ctx, *grad_outputs)
-        mode = Allocations(allocations, phase=method, watched=watch.watched)
+        mode = Allocations(recorder.allocations, phase=method, watched=recorder.watch.watched)
         try:
             with mode:
                 return user_backward(ctx, *grad_outputs)
         finally:
-            record(mode)
+            _record(recorder, mode)
 
     def recording_backward(ctx: Any, *grad_outputs: Any) -> Any:
+        recorder = route.of(ctx)
         call = BackwardCall()
         recorder.calls.append(call)
         call.grad_outputs = grad_outputs
@@ -185,7 +247,7 @@ def probe(
         if shield:
             grad_outputs = tuple(_private(g) for g in grad_outputs)
         try:
-            result = backward_of_user(ctx, *grad_outputs)
+            result = backward_of_user(recorder, ctx, *grad_outputs)
         except BaseException as error:
             call.error = error
             raise
@@ -193,10 +255,46 @@ def probe(
         call.raw = result if isinstance(result, tuple) else (result,)
         return result
 
-    methods: dict[str, Any] = {method: recording_backward}
-    if allocations is not None:
-        methods["forward"] = _under_allocations(fn.forward, allocations, watch, record)
-        if declares_jvp(fn):
-            methods["jvp"] = _under_allocations(fn.jvp, allocations, watch, record, phase="jvp")
+    takes_ctx = not uses_setup_context(fn)  # forward(ctx, ...): forward binds its ctx, else setup_context does
+    methods: dict[str, Any] = {
+        method: recording_backward,
+        "forward": _routed(fn.forward, route, "forward", lambda args: route.bind(args[0]) if takes_ctx else route.current),
+    }
+    if not takes_ctx:
+        user_setup_context = fn.setup_context
+
+        def setup_context(ctx: Any, inputs: Any, output: Any) -> Any:
+            route.bind(ctx)
+            return user_setup_context(ctx, inputs, output)
+
+        methods["setup_context"] = setup_context
+    if declares_jvp(fn):
+        methods["jvp"] = _routed(fn.jvp, route, "jvp", lambda args: route.of(args[0]))
     probed = _subclass(fn, methods)
-    return probed, recorder
+    _ROUTES[probed] = route
+    return probed, route
+
+
+def _record(recorder: Recorder, mode: Allocations) -> None:
+    recorder.uninitialised_allocations += mode.allocations
+    recorder.canaries.extend(mode.canaries)
+
+
+def _routed(user: Any, route: _Route, phase: str, recorder_of: Callable[[tuple[Any, ...]], Recorder]) -> Any:
+    """``user`` (forward or jvp) recording into its evaluation's recorder, under that evaluation's
+    :class:`Allocations` where it has a policy. It keeps the user's signature:
+    ``Function.apply`` fills in a setup_context-style forward's defaults from it."""
+
+    @functools.wraps(user)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        recorder = recorder_of(args)
+        if recorder.allocations is None or recorder.watch is None:
+            return user(*args, **kwargs)
+        mode = Allocations(recorder.allocations, phase=phase, watched=recorder.watch.called_with((*args, *kwargs.values())))
+        try:
+            with mode:
+                return user(*args, **kwargs)
+        finally:
+            _record(recorder, mode)
+
+    return call

@@ -37,6 +37,7 @@ from conformance.engine.expectations import Expectations
 from conformance.engine.literals import Literals, snapshot
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
+from conformance.engine.probe import forget_probe_classes
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import Target
 from conformance.engine.triton_interpreter import runs_interpreted
@@ -224,6 +225,7 @@ class ConformanceSession:
             return
         self.on_function = (name, device)
         self.pool.clear()
+        forget_probe_classes()
         self.case_strategies = {}
         self.chosen_options = {}
         # The last failure's traceback (kept for post-mortem debugging) would be frozen with

@@ -22,7 +22,7 @@ from conformance.engine.evaluate import unversioned_saves
 from conformance.engine.harness import Execution
 from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
 from conformance.engine.numerics import exactly_equal
-from conformance.engine.probe import BackwardCall, Recorder, probe
+from conformance.engine.probe import BackwardCall, Recorder, forget_probe_classes, probe, record_into
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, fail
 from conformance.engine.runner import RunOptions, Target
@@ -667,6 +667,51 @@ def test_an_unwatched_evaluation_pays_no_mode_and_a_watched_one_poisons() -> Non
     probed, recorder = probe(_CallsWhatItIsGiven, allocations=policy)
     out = probed.apply(torch.ones(4), _half_written)
     assert recorder.uninitialised_allocations == 1 and out[2:].isnan().all()
+
+
+class _SetupContextStyle(torch.autograd.Function):
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 3
+
+
+@pytest.mark.parametrize("function", [_Plain, _SetupContextStyle])
+def test_a_probe_class_is_made_once_and_each_backward_records_into_its_forwards_evaluation(function: type) -> None:
+    x = torch.ones(3, requires_grad=True)
+    first, first_record = probe(function)
+    kept = first.apply(x)  # differentiated only after another evaluation of the same Function
+    second, second_record = probe(function)
+    assert second is first
+    torch.autograd.grad(second.apply(x).sum(), x)
+    assert (len(first_record.calls), len(second_record.calls)) == (0, 1)
+    torch.autograd.grad(kept, x, torch.full((3,), 5.0))
+    assert (len(first_record.calls), len(second_record.calls)) == (1, 1)
+    assert torch.equal(first_record.calls[0].grad_outputs[0], torch.full((3,), 5.0))
+    record_into(first, first_record)  # a caller that calls the class again later
+    torch.autograd.grad(first.apply(x).sum(), x)
+    assert (len(first_record.calls), len(second_record.calls)) == (2, 1)
+    forget_probe_classes()
+    assert probe(function)[0] is not first
+
+
+def test_a_probe_class_records_allocations_into_the_evaluation_that_made_them() -> None:
+    """One evaluation poisons, the next (same class) runs without a policy: each recorder counts
+    its own forward's and backward's allocations only."""
+    x = torch.ones(4, requires_grad=True)
+    poisoned, poisoning = probe(_AllocatesInAHelper, allocations=AllocationPolicy("poison", 0))
+    kept = poisoned.apply(x)
+    plain, unpoisoned = probe(_AllocatesInAHelper)
+    out = plain.apply(x)
+    assert plain is poisoned and kept[2:].isnan().all() and not out.isnan().any()
+    assert (poisoning.uninitialised_allocations, unpoisoned.uninitialised_allocations) == (1, 0)
 
 
 # ----------------------------------------------------------------------------- exact equality before a tolerance

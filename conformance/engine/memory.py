@@ -236,10 +236,19 @@ class WatchedCode:
     (``torch.nn.grad.conv1d_input`` calls ``new_empty``) is torch's, not the Function's: such a
     Function's unwritten_memory verdict is n/a, where the mode used to poison those buffers too."""
 
+    __slots__ = ("initially", "watched")
+
     def __init__(self, function: type) -> None:
-        self.watched = _made_by_the_suite(function) or (
+        self.initially = _made_by_the_suite(function) or (
             reaches_once(function, lambda: _methods(function), _is_allocator, ALLOCATOR_NAMES) is not False
         )
+        self.watched = self.initially
+
+    def anew(self) -> WatchedCode:
+        """A watch of the same code as before any call (for another evaluation), without reading it again."""
+        fresh = object.__new__(WatchedCode)
+        fresh.initially = fresh.watched = self.initially
+        return fresh
 
     def called_with(self, args: Iterable[Any]) -> bool:
         """Whether to watch a call on ``args`` (and every later one)."""

@@ -143,9 +143,10 @@ class _Route:
     backward or jvp the one whose forward made its ``ctx`` (a graph may be differentiated after
     another evaluation of the same Function began)."""
 
-    __slots__ = ("by_ctx", "current")
+    __slots__ = ("by_ctx", "current", "watch")
 
-    def __init__(self) -> None:
+    def __init__(self, watch: WatchedCode) -> None:
+        self.watch = watch  # read once per Function; each evaluation watches from a copy of it
         self.current = Recorder()
         self.by_ctx: weakref.WeakKeyDictionary[Any, Recorder] = weakref.WeakKeyDictionary()
 
@@ -203,7 +204,7 @@ def probe(
             _PROBE_CLASSES.clear()
         made = _PROBE_CLASSES[key] = _probe_class(fn, shield)
     probed, route = made
-    recorder = Recorder(allocations=allocations, watch=WatchedCode(fn))
+    recorder = Recorder(allocations=allocations, watch=route.watch.anew())
     route.current = recorder
     return probed, recorder
 
@@ -214,14 +215,14 @@ def record_into(probed: type[torch.autograd.Function], recorder: Recorder) -> No
 
 
 def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[torch.autograd.Function], _Route]:
-    route = _Route()
+    route = _Route(WatchedCode(fn))
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
 
     def backward_of_user(recorder: Recorder, ctx: Any, *grad_outputs: Any) -> Any:
-        if recorder.allocations is None or recorder.watch is None:
-            return user_backward(ctx, *grad_outputs)
-        mode = Allocations(recorder.allocations, phase=method, watched=recorder.watch.watched)
+        if recorder.allocations is None or recorder.watch is None or not recorder.watch.watched:
+            return user_backward(ctx, *grad_outputs)  # nothing the mode could see (WatchedCode)
+        mode = Allocations(recorder.allocations, phase=method)
         try:
             with mode:
                 return user_backward(ctx, *grad_outputs)
@@ -288,9 +289,9 @@ def _routed(user: Any, route: _Route, phase: str, recorder_of: Callable[[tuple[A
     @functools.wraps(user)
     def call(*args: Any, **kwargs: Any) -> Any:
         recorder = recorder_of(args)
-        if recorder.allocations is None or recorder.watch is None:
-            return user(*args, **kwargs)
-        mode = Allocations(recorder.allocations, phase=phase, watched=recorder.watch.called_with((*args, *kwargs.values())))
+        if recorder.allocations is None or recorder.watch is None or not recorder.watch.called_with((*args, *kwargs.values())):
+            return user(*args, **kwargs)  # nothing the mode could see (WatchedCode)
+        mode = Allocations(recorder.allocations, phase=phase)
         try:
             with mode:
                 return user(*args, **kwargs)

@@ -749,3 +749,42 @@ def test_a_custom_ops_registered_backward_is_watched() -> None:
     x = torch.ones(4, requires_grad=True)
     (grad,) = torch.autograd.grad(probed.apply(x), x, torch.ones(4))
     assert recorder.uninitialised_allocations == 1 and grad[2:].isnan().all()
+
+
+# ----------------------------------------------------------------------------- drawing past data.draw
+
+
+def _drawn(through_recorder: bool) -> list[tuple[int, str]]:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from conformance.engine.repro import DrawRecorder
+
+    drawn: list[tuple[int, str]] = []
+
+    @settings(max_examples=30, database=None, derandomize=True)
+    @given(st.data())
+    def property_(data: st.DataObject) -> None:
+        source = DrawRecorder(data) if through_recorder else data
+        drawn.append((source.draw(st.integers(0, 1000), label="n"), source.draw(st.text(max_size=3), label="s")))
+
+    property_()
+    return drawn
+
+
+def test_a_draw_recorder_draws_what_data_draw_does_and_a_failing_examples_report_names_each_draw() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from conformance.engine.repro import DrawRecorder
+
+    assert _drawn(True) == _drawn(False)
+
+    @settings(max_examples=50, database=None, derandomize=True)
+    @given(st.data())
+    def failing(data: st.DataObject) -> None:
+        assert DrawRecorder(data).draw(st.integers(0, 100), label="n") < 50
+
+    with pytest.raises(AssertionError) as raised:
+        failing()
+    assert "Draw 1 (n): 50" in "\n".join(getattr(raised.value, "__notes__", [])), raised.value

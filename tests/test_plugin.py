@@ -465,3 +465,21 @@ def test_tests_not_run_here_are_reported_as_pytest_would_without_its_setup_and_t
     assert all(r[1] == "setup" and "CUDA is not available" in r[3][2] for r in skipped), skipped
     monkeypatch.setattr("conformance.plugin.session.report_not_run_here", lambda item, nextitem: False)
     assert fast == _reports_of(pytester, *args)
+
+
+def test_pytests_last_collection_runs_while_the_run_is_still_frozen(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest's unraisable-exception plugin collects once at unconfigure: the session gives its
+    frozen objects back after that, so that walk skips them."""
+    import _pytest.unraisableexception as unraisable
+
+    assert gc.get_freeze_count() == 0, "another test left objects frozen"
+    frozen_then: list[int] = []
+    collect = unraisable.gc_collect_harder
+    monkeypatch.setattr(unraisable, "gc_collect_harder", lambda n: (frozen_then.append(gc.get_freeze_count()), collect(n)))
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE_DIR), "--contracts=return_count", "--device=cpu", "--max-examples=1", "-k", "square-cpu",
+        "-p", "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.OK, result.outlines[-20:]
+    assert frozen_then and frozen_then[0] > 0, frozen_then  # the run's own unconfigure comes first
+    assert gc.get_freeze_count() == 0

@@ -54,7 +54,10 @@ class Heap:
         self.frozen = True
 
     def release(self) -> None:
-        """Give every object this session froze back to the collector (at the end of the session)."""
+        """Give every object this session froze back to the collector (at the end of the session,
+        after pytest's own last collection, which then walks only what the run made since the last
+        Function began: ~0.4 s less. A finaliser of frozen garbage that raises is not in pytest's
+        unraisable-exception report; it runs at the process's next collection)."""
         if self.frozen:
             gc.unfreeze()
             self.frozen = False

@@ -209,6 +209,7 @@ class ConformanceSession:
                 )
             config.pluginmanager.register(ForkIsolation(config, self.flight), "autograd-conformance-isolation")
 
+    @pytest.hookimpl(trylast=True)  # after pytest's unraisable-exception collection: see Heap.release
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.heap.release()
         if self.user_threads is not None:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import shlex
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -117,19 +118,22 @@ def report_not_run_here(item: pytest.Item, nextitem: pytest.Item | None) -> bool
     setup_state = getattr(item.session, "_setupstate", None)
     if reason is None or not hasattr(setup_state, "teardown_exact"):
         return False
-    path, line = item.reportinfo()[:2]
-    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    started = time.perf_counter()
+    path, line = item.reportinfo()[:2]
+    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
     ihook.pytest_runtest_logreport(report=pytest.TestReport(
         item.nodeid, item.location, keywords, "skipped", (os.fspath(path), (line or 0) + 1, f"Skipped: {reason}"), "setup",
-        user_properties=item.user_properties,
+        user_properties=item.user_properties, duration=time.perf_counter() - started,
     ))
+    started = time.perf_counter()
     # What an earlier test kept set up for this one, and this one's nextitem does not need.
     assert setup_state is not None
     setup_state.teardown_exact(nextitem)
     ihook.pytest_runtest_logreport(report=pytest.TestReport(
         item.nodeid, item.location, keywords, "passed", None, "teardown", user_properties=item.user_properties,
+        duration=time.perf_counter() - started,
     ))
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True

@@ -27,12 +27,12 @@ from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     cheap_budget_first,
-    checked_positions,
     compare_budget,
     compare_float64,
     compare_plain,
     evaluate_spec,
     floor_ulps,
+    largest_checked,
     multiplier,
     neighbouring_cases,
     plain_leaves,
@@ -138,11 +138,7 @@ def _judge_dtype(
         pairs.append((f"grad[{name!r}]", "grad", got, want, base, moved, where, truth.grad_terms.get(name)))
 
     # The floor's scale: the largest |truth| of the call (see compare_budget).
-    floor_at = max(
-        (float(w.detach()[checked_positions(w, dtype)].abs().max()) for _, _, _, w, _, _, _, _ in pairs
-         if w.is_floating_point() and bool(checked_positions(w, dtype).any())),
-        default=0.0,
-    )
+    floor_at = max((largest_checked(w, dtype) for _, _, _, w, _, _, _, _ in pairs if w.is_floating_point()), default=0.0)
     for position, got, want, base in plain:
         comparison = compare_plain(
             got, want, base, dtype, k=multiplier(spec, dtype, "output"), what=f"output[{position}]",

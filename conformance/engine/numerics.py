@@ -72,6 +72,7 @@ __all__ = [
     "judge_against_truth",
     "judged_grads",
     "judged_outputs",
+    "largest_checked",
     "largest_magnitude",
     "layout_tolerance",
     "multiplier",
@@ -255,6 +256,15 @@ def checked_positions(
     return finite
 
 
+def largest_checked(truth: torch.Tensor, dtype: torch.dtype) -> float:
+    """The largest ``|truth|`` where :func:`checked_positions` holds (0.0 where it holds nowhere):
+    the scale of a call's floor (see :func:`compare_budget`)."""
+    truth = truth.detach()
+    if truth.numel() == 0:
+        return 0.0
+    return float(torch.where(checked_positions(truth, dtype), truth.abs(), 0.0).max())
+
+
 @dataclasses.dataclass
 class Comparison:
     """A failed comparison: the summary line and the assert_close-style details."""
@@ -384,10 +394,10 @@ def compare_finiteness(
 ) -> Comparison | None:
     """Non-finite values must sit exactly where the truth has them: finite wherever
     :func:`checked_positions` holds, the same NaN/+-inf where the truth is NaN/+-inf."""
+    if bool(torch.isfinite(actual).all()) and bool(torch.isfinite(truth).all()):
+        return None  # the common case, with nothing non-finite to place (a tenth of the ops below)
     actual64 = actual.detach().to("cpu", torch.float64)
     truth64 = truth.detach().to("cpu", torch.float64)
-    if bool(torch.isfinite(actual64).all()) and bool(torch.isfinite(truth64).all()):
-        return None  # the common case, with nothing non-finite to place (a tenth of the ops below)
     checked = checked_positions(truth64, dtype, baseline)
     bad = _nonfinite_mismatch(actual64, truth64, checked)
     if dtype == torch.float64:
@@ -622,12 +632,7 @@ def judge_against_truth(
     :func:`compare_budget`). This is the reference contract's rule, for contracts that compare
     something else than plain eager results with the truth (compiled results, tangents, vmapped
     outputs, results under autocast)."""
-    floor_at = 0.0
-    for value in values:
-        truth = value.truth.detach().to("cpu", torch.float64)
-        checked = checked_positions(truth, dtype)
-        if bool(checked.any()):
-            floor_at = max(floor_at, float(truth[checked].abs().max()))
+    floor_at = max((largest_checked(value.truth.detach().to("cpu", torch.float64), dtype) for value in values), default=0.0)
     for value in values:
         if tuple(value.actual.shape) != tuple(value.truth.shape):
             return Comparison(

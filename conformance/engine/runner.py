@@ -357,7 +357,11 @@ class Target:
         """A case from the contract's preset (:data:`VARIED_CASES` for the memory contracts, which
         own defects the others may meet anywhere), with extreme values or not."""
         extreme = data.draw(st.booleans(), label="extreme values")
-        return self.draw_case(data, self.case_options.replace(extreme=extreme))
+        key = ("varied", self.case_options, extreme)  # one validated copy per Function, not per example
+        options = self.chosen_options.get(key)
+        if options is None:
+            options = self.chosen_options[key] = self.case_options.replace(extreme=extreme)
+        return self.draw_case(data, options)
 
     @property
     def example_timeout(self) -> float | None:

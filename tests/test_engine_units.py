@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType, SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -788,3 +789,59 @@ def test_a_draw_recorder_draws_what_data_draw_does_and_a_failing_examples_report
     with pytest.raises(AssertionError) as raised:
         failing()
     assert "Draw 1 (n): 50" in "\n".join(getattr(raised.value, "__notes__", [])), raised.value
+
+
+# ----------------------------------------------------------------------------- numpy's generator, seeded only where it can matter
+
+
+class _DrawsFromNumpy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * float(np.random.rand())
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def test_numpy_is_seeded_only_for_a_function_that_may_draw_from_it() -> None:
+    from conformance.engine.seeding import HOOKED, needs_numpy_seeded
+    from conformance.spec import Scalar
+
+    assert HOOKED, "this Hypothesis lacks the internals conformance.engine.seeding uses: numpy is seeded for every test"
+    plain = dataclasses.replace(make_spec([Tensor("x", "n")]), fn=_Plain, reference=lambda x: torch.relu(x) * 2)
+    assert not needs_numpy_seeded(plain)
+    assert needs_numpy_seeded(dataclasses.replace(plain, fn=_DrawsFromNumpy))
+    assert needs_numpy_seeded(dataclasses.replace(plain, reference=lambda x: x * float(np.random.rand())))
+    assert not needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), Scalar("eps", 1e-5))))
+    from hypothesis import strategies as st
+
+    assert needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), Scalar("eps", st.floats(0, 1)))))
+    assert needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), Scalar("f", np.random.rand))))
+
+
+@pytest.mark.parametrize("needed", [True, False])
+def test_hypothesis_seeds_numpy_around_each_example_only_where_needed(needed: bool) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from conformance.engine.seeding import numpy_seeded_only_if
+
+    seen: list[float] = []
+
+    @settings(max_examples=3, database=None, derandomize=True)
+    @given(st.integers())
+    def property_(n: int) -> None:
+        seen.append(float(np.random.get_state(legacy=False)["state"]["key"][0]))
+
+    saved = np.random.get_state()
+    try:
+        np.random.seed(12345)
+        ours = float(np.random.get_state(legacy=False)["state"]["key"][0])
+        with numpy_seeded_only_if(needed):
+            property_()
+        assert (ours not in seen) is needed, (ours, seen)  # Hypothesis' seed replaces ours, or ours is left alone
+        property_()
+        assert ours not in seen[-3:]  # after the block, Hypothesis manages numpy again
+    finally:
+        np.random.set_state(saved)

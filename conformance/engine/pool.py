@@ -31,7 +31,6 @@ its own case), so its report names its own case.
 from __future__ import annotations
 
 import random
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,9 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance.engine.code_reach import reaches_once
 from conformance.engine.global_state import rng_states
 from conformance.engine.harness import Execution
+from conformance.engine.seeding import may_draw_beyond_torch
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
 
@@ -93,7 +92,7 @@ class EvaluationPool:
                 return replace(kept.execution, case=case)
             self.stats.stale += 1
             del self._kept[key]
-        every_generator = _may_draw_beyond_torch(case)
+        every_generator = may_draw_beyond_torch(case.spec.op)  # reading those states costs ~45 us
         before = _generators(every_generator)
         execution = make()
         if not _same_generators(before, _generators(every_generator)):
@@ -138,24 +137,6 @@ def _plain(value: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return all(_plain(item) for item in value)
     return value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype))
-
-
-def _may_draw_beyond_torch(case: Case) -> bool:
-    """Whether the Function's own code may draw from Python's or numpy's global generator: it
-    reaches ``random``, numpy or a generator of theirs, or cannot be read to the end
-    (:mod:`conformance.engine.code_reach`). Reading those states costs ~45 us an evaluation."""
-    op = case.spec.op
-    return reaches_once(op.function, lambda: op.user_code().values(), _beyond_torch) is not False
-
-
-def _beyond_torch(value: Any) -> bool:
-    generators = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
-    if value is random or value is np or value is np.random or isinstance(value, generators):
-        return True
-    # A bound method of a generator (``from random import random``); only methods are asked for
-    # their __self__ (a user's object may answer any attribute with an error of its own).
-    bound = isinstance(value, (types.MethodType, types.BuiltinMethodType))
-    return bound and isinstance(value.__self__, generators)
 
 
 def _generators(every_generator: bool) -> tuple[Any, ...]:

@@ -61,6 +61,7 @@ from conformance.engine.report import (
     set_context,
 )
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
+from conformance.engine.seeding import needs_numpy_seeded, numpy_seeded_only_if
 from conformance.engine.stack_room import with_room
 from conformance.engine.triton_interpreter import interpreter_limit, pinned_config, runs_interpreted
 from conformance.engine.verdict import Outcome, Verdict
@@ -461,7 +462,7 @@ class Target:
             self.literals = snapshot([self.spec])[self.spec.name]
         try:
             self._blocked_by_a_hang()  # once per test: a read of the run's hang notes
-            with drawing_from(self.literals), one_hard_timer():
+            with drawing_from(self.literals), numpy_seeded_only_if(needs_numpy_seeded(self.spec)), one_hard_timer():
                 for corner, examples in self._phases(max_examples):
                     try:
                         run_phase(corner, examples)

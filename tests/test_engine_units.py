@@ -806,7 +806,7 @@ class _DrawsFromNumpy(torch.autograd.Function):
 
 def test_numpy_is_seeded_only_for_a_function_that_may_draw_from_it() -> None:
     from conformance.engine.seeding import HOOKED, needs_numpy_seeded
-    from conformance.spec import Scalar
+    from conformance.spec import Derived, Scalar
 
     assert HOOKED, "this Hypothesis lacks the internals conformance.engine.seeding uses: numpy is seeded for every test"
     plain = dataclasses.replace(make_spec([Tensor("x", "n")]), fn=_Plain, reference=lambda x: torch.relu(x) * 2)
@@ -818,6 +818,10 @@ def test_numpy_is_seeded_only_for_a_function_that_may_draw_from_it() -> None:
 
     assert needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), Scalar("eps", st.floats(0, 1)))))
     assert needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), Scalar("f", np.random.rand))))
+    noisy_table = Derived("t", lambda ctx: torch.from_numpy(np.random.rand(*ctx.shape)), "n")
+    assert needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), noisy_table)))
+    seeded_table = Derived("t", lambda ctx: torch.rand(ctx.shape, generator=ctx.generator, dtype=torch.float64), "n")
+    assert not needs_numpy_seeded(dataclasses.replace(plain, inputs=(Tensor("x", "n"), seeded_table)))
 
 
 @pytest.mark.parametrize("needed", [True, False])

@@ -259,7 +259,7 @@ def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[
     takes_ctx = not uses_setup_context(fn)  # forward(ctx, ...): forward binds its ctx, else setup_context does
     methods: dict[str, Any] = {
         method: recording_backward,
-        "forward": _routed(fn.forward, route, "forward", lambda args: route.bind(args[0]) if takes_ctx else route.current),
+        "forward": _routed(fn.forward, "forward", lambda args: route.bind(args[0]) if takes_ctx else route.current),
     }
     if not takes_ctx:
         user_setup_context = fn.setup_context
@@ -270,7 +270,7 @@ def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[
 
         methods["setup_context"] = setup_context
     if declares_jvp(fn):
-        methods["jvp"] = _routed(fn.jvp, route, "jvp", lambda args: route.of(args[0]))
+        methods["jvp"] = _routed(fn.jvp, "jvp", lambda args: route.of(args[0]))
     probed = _subclass(fn, methods)
     _ROUTES[probed] = route
     return probed, route
@@ -281,7 +281,7 @@ def _record(recorder: Recorder, mode: Allocations) -> None:
     recorder.canaries.extend(mode.canaries)
 
 
-def _routed(user: Any, route: _Route, phase: str, recorder_of: Callable[[tuple[Any, ...]], Recorder]) -> Any:
+def _routed(user: Any, phase: str, recorder_of: Callable[[tuple[Any, ...]], Recorder]) -> Any:
     """``user`` (forward or jvp) recording into its evaluation's recorder, under that evaluation's
     :class:`Allocations` where it has a policy. It keeps the user's signature:
     ``Function.apply`` fills in a setup_context-style forward's defaults from it."""

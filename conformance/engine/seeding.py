@@ -6,7 +6,8 @@ numpy's share costs ~75 us an example (``get_state``, ``seed``, ``set_state``), 
 main job. Nothing of the suite draws from numpy's generator (its values come from Hypothesis and
 from seeded torch generators), so a test runs with numpy's left out when its Function cannot draw
 from it either: its own code (forward, setup_context, backward, jvp, vmap and the helpers they
-reach) and its reference and surrogate, read to their end by :mod:`conformance.engine.code_reach`,
+reach), its reference and surrogate and its Derived inputs' functions, read to their end by
+:mod:`conformance.engine.code_reach`,
 reach neither numpy nor ``random``, and every Scalar input is a constant of plain data (a drawn or
 case-built value may be a callable, whose code is not read).
 
@@ -30,7 +31,7 @@ from hypothesis.internal import entropy
 from conformance.engine.code_reach import reaches_once
 from conformance.engine.memory import plain_arguments
 from conformance.spec import Spec
-from conformance.spec.inputs import NO_VALUE, Scalar
+from conformance.spec.inputs import NO_VALUE, Derived, Scalar
 from conformance.spec.targets import OpAdapter
 
 __all__ = ["HOOKED", "may_draw_beyond_torch", "needs_numpy_seeded", "numpy_seeded_only_if"]
@@ -50,6 +51,7 @@ def needs_numpy_seeded(spec: Spec) -> bool:
     if may_draw_beyond_torch(spec.op):
         return True
     plain_functions: list[Callable[..., Any]] = [f for f in (spec.reference, spec.surrogate) if f is not None]
+    plain_functions += [i.fn for i in spec.inputs if isinstance(i, Derived)]
     if reaches_once(spec, lambda: plain_functions, _beyond_torch) is not False:
         return True
     # A strategy or a callable is not plain data.

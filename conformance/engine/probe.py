@@ -90,50 +90,26 @@ def _subclass(fn: type[torch.autograd.Function], methods: dict[str, Any]) -> typ
     return type(fn.__name__, (fn,), namespace)
 
 
-def _under_allocations(
-    user_forward: Any,
-    allocations: AllocationPolicy,
-    watch: WatchedCode,
-    done: Callable[[Allocations], None] | None = None,
-    *,
-    phase: str = "forward",
-) -> Any:
-    """``user_forward`` (or ``jvp``) run under :class:`Allocations` (``done(mode)`` afterwards),
-    entered where ``watch`` says it could see something. It keeps the user's signature:
-    ``Function.apply`` fills in a setup_context-style forward's defaults from it."""
-
-    @functools.wraps(user_forward)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        mode = Allocations(allocations, phase=phase, watched=watch.called_with((*args, *kwargs.values())))
-        try:
-            with mode:
-                return user_forward(*args, **kwargs)
-        finally:
-            if done is not None:
-                done(mode)
-
-    return forward
-
-
 def guarded(fn: type[torch.autograd.Function], allocations: AllocationPolicy, *, shield: bool = False) -> type[torch.autograd.Function]:
     """A subclass of ``fn`` that records nothing (so it keeps nothing alive) but runs forward and
     backward under :class:`conformance.engine.memory.Allocations` like every evaluation: for contracts
     that must call the Function unprobed (saved_tensors checks what is freed) or call it hundreds
     of times (gradcheck). ``shield`` as for :func:`probe`."""
-    unkept = dataclasses.replace(allocations, keep_canaries=False)
+    policy = dataclasses.replace(allocations, keep_canaries=False)
+    watch = WatchedCode(fn)
+    unkept = Recorder(allocations=policy, watch=watch)  # counts only: no canaries kept, nothing stays alive
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
-    watch = WatchedCode(fn)
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         if shield:
             grad_outputs = tuple(_private(g) for g in grad_outputs)
-        with Allocations(unkept, phase=method, watched=watch.watched):
+        with Allocations(policy, phase=method, watched=watch.watched):
             return user_backward(ctx, *grad_outputs)
 
-    methods = {"forward": _under_allocations(fn.forward, unkept, watch), method: backward}
+    methods = {"forward": _routed(fn.forward, "forward", lambda args: unkept), method: backward}
     if declares_jvp(fn):
-        methods["jvp"] = _under_allocations(fn.jvp, unkept, watch, phase="jvp")
+        methods["jvp"] = _routed(fn.jvp, "jvp", lambda args: unkept)
     return _subclass(fn, methods)
 
 

@@ -143,7 +143,7 @@ class _Route:
 
 # One probe class per (Function, shield), made once: a class per evaluation cost ~48 us (26,000 in
 # the main job, 1.5% of it). The session drops them where a new Function's tests begin.
-_PROBE_CLASSES: dict[tuple[type[torch.autograd.Function], bool], tuple[type[torch.autograd.Function], _Route]] = {}
+_PROBE_CLASSES: dict[tuple[type[torch.autograd.Function], bool], type[torch.autograd.Function]] = {}
 _MAX_PROBE_CLASSES = 32
 _ROUTES: weakref.WeakKeyDictionary[type, _Route] = weakref.WeakKeyDictionary()  # also of dropped classes still in use
 
@@ -174,12 +174,12 @@ def probe(
     other evaluations says so with :func:`record_into`).
     """
     key = (fn, shield)
-    made = _PROBE_CLASSES.get(key)
-    if made is None:
+    probed = _PROBE_CLASSES.get(key)
+    if probed is None:
         if len(_PROBE_CLASSES) >= _MAX_PROBE_CLASSES:
             _PROBE_CLASSES.clear()
-        made = _PROBE_CLASSES[key] = _probe_class(fn, shield)
-    probed, route = made
+        probed = _PROBE_CLASSES[key] = _probe_class(fn, shield)
+    route = _ROUTES[probed]
     recorder = Recorder(allocations=allocations, watch=route.watch.anew())
     route.current = recorder
     return probed, recorder
@@ -190,7 +190,7 @@ def record_into(probed: type[torch.autograd.Function], recorder: Recorder) -> No
     _ROUTES[probed].current = recorder
 
 
-def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[torch.autograd.Function], _Route]:
+def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> type[torch.autograd.Function]:
     route = _Route(WatchedCode(fn))
     method = user_backward_name(fn)
     user_backward = getattr(fn, method)
@@ -249,7 +249,7 @@ def _probe_class(fn: type[torch.autograd.Function], shield: bool) -> tuple[type[
         methods["jvp"] = _routed(fn.jvp, "jvp", lambda args: route.of(args[0]))
     probed = _subclass(fn, methods)
     _ROUTES[probed] = route
-    return probed, route
+    return probed
 
 
 def _record(recorder: Recorder, mode: Allocations) -> None:

@@ -74,6 +74,12 @@ class ScalarRecipe(Recipe):
 
     kind: ClassVar[str] = "scalar"
 
+    @property
+    def plain(self) -> bool:
+        """Whether the value is plain data whose repr tells it apart from every other value (numbers,
+        strings, dtypes, None and tuples or lists of them; not an array, a tensor or a callable)."""
+        return _plain(self.value)
+
     def build(self, dtype: torch.dtype, device: str, *, spec_input: Any = None, earlier: Mapping[str, Any] | None = None) -> Any:
         return self.value
 
@@ -84,6 +90,12 @@ class ScalarRecipe(Recipe):
         # A function or class by its name: its repr's address differs from process to process.
         shown = _name_of(self.value) if callable(self.value) else repr(self.value)
         return f"{self.name}={shown}"
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_plain(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype))
 
 
 @dataclass(frozen=True)

@@ -851,3 +851,119 @@ def test_hypothesis_seeds_numpy_around_each_example_only_where_needed(needed: bo
         assert ours not in seen[-3:]  # after the block, Hypothesis manages numpy again
     finally:
         np.random.set_state(saved)
+
+
+# ------------------------------------------------------------------ the simplest example without the engine
+
+
+def _first_example_of_the_engine(property_: Any) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    settings(max_examples=1, database=None, derandomize=True)(given(data=st.data())(property_))()
+
+
+def _drawing_property(seen: list[Any]) -> Any:
+    import random
+
+    from hypothesis import strategies as st
+    from hypothesis.control import current_build_context
+
+    @st.composite
+    def pairs(draw: Any) -> tuple[int, str]:
+        return draw(st.integers(3, 9)), draw(st.sampled_from(("b", "a")))
+
+    def property_(data: Any) -> None:
+        seen.append(data.draw(st.integers(-5, 5)))
+        seen.append(data.draw(st.floats(0.5, 2.0)))
+        seen.append(data.draw(st.lists(st.booleans(), min_size=1, max_size=3)))
+        seen.append(data.draw(pairs()))
+        seen.append(random.random())  # Python's generator, seeded as Hypothesis seeds it
+        seen.append(current_build_context().is_final)
+
+    return property_
+
+
+def test_the_simplest_example_without_the_engine_is_the_engines_first() -> None:
+    from hypothesis import settings
+
+    from conformance.engine import simplest
+
+    assert simplest.HOOKED, "this Hypothesis lacks the internals conformance.engine.simplest uses: every corner starts an engine"
+    by_engine: list[Any] = []
+    _first_example_of_the_engine(_drawing_property(by_engine))
+    without: list[Any] = []
+    assert simplest.passes_simplest(_drawing_property(without), settings(database=None))
+    assert without == by_engine and len(without) == 6, (without, by_engine)
+    assert not simplest.running()
+
+
+def test_the_simplest_example_leaves_a_failure_or_a_rejection_to_the_engine_and_lets_a_skip_through() -> None:
+    from hypothesis import assume, settings
+
+    from conformance.engine import simplest
+
+    ran: list[bool] = []
+
+    def records(data: Any) -> None:
+        ran.append(simplest.running())
+
+    def fails(data: Any) -> None:
+        fail("wrong")
+
+    def rejects(data: Any) -> None:
+        assume(False)
+
+    def skips(data: Any) -> None:
+        pytest.skip("n/a")
+
+    def interrupted(data: Any) -> None:
+        raise KeyboardInterrupt
+
+    run_settings = settings(database=None)
+    assert simplest.passes_simplest(records, run_settings) and ran == [True]
+    assert not simplest.passes_simplest(fails, run_settings)
+    assert not simplest.passes_simplest(rejects, run_settings)
+    with pytest.raises(pytest.skip.Exception):
+        simplest.passes_simplest(skips, run_settings)
+    with pytest.raises(KeyboardInterrupt):
+        simplest.passes_simplest(interrupted, run_settings)
+    from hypothesis import Verbosity
+
+    assert not simplest.passes_simplest(records, settings(run_settings, verbosity=Verbosity.verbose))  # Hypothesis prints
+    assert ran == [True] and not simplest.running()
+
+
+def test_a_corners_case_is_drawn_once_for_every_test_of_the_function_that_draws_it_alike() -> None:
+    """Two tests with equal options share the simplest case of each corner: the second records it
+    among its draws without drawing it; a case with a drawn Scalar that is not plain data is not kept."""
+    from hypothesis import strategies as st
+
+    from conformance.spec import Scalar
+
+    def run(spec: Any, kept: dict[Any, Any]) -> list[Any]:
+        target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5}), simplest_cases=kept)
+        drawn: list[Any] = []
+
+        def check(target: Target, data: Any) -> None:
+            drawn.append(target.draw_case(data))
+            target.checked()
+
+        target.run(check)
+        assert [value for label, value in target.last_draws if label == "case"] == drawn[-1:]
+        return drawn
+
+    spec = make_spec([Tensor("x", "m n"), Scalar("eps", st.sampled_from((1e-5, 1e-6)))])
+    kept: dict[Any, Any] = {}
+    first = run(spec, kept)
+    corners = len(Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5})).coverage_corners(5))
+    assert len(kept) == corners > 1
+    second = run(spec, kept)
+    assert all(a is b for a, b in zip(first[:corners], second[:corners]))  # the same objects: not drawn again
+    assert first[:corners] == second[:corners]
+
+    unplain = make_spec([Tensor("x", "m n"), Scalar("table", st.just(np.zeros(2)))])
+    kept = {}
+    run(unplain, kept)
+    assert kept == {}
+

@@ -119,7 +119,7 @@ class EvaluationPool:
         if owner != self._owner:  # the run moved on to another Function: its evaluations are not asked for again
             self.clear()
             self._owner = owner
-        if spec.nondeterministic or not all(_plain(r.value) for r in case.recipes if isinstance(r, ScalarRecipe)):
+        if spec.nondeterministic or not all(r.plain for r in case.recipes if isinstance(r, ScalarRecipe)):
             return None
         try:
             # The repro snippet rebuilds exactly these inputs and grad_outputs: it names every
@@ -130,13 +130,6 @@ class EvaluationPool:
         except Exception:  # a value without a source form, an unhashable option: not shared
             return None
         return key
-
-
-def _plain(value: Any) -> bool:
-    """A value whose repr tells it apart from every other value (not a numpy array's or a tensor's)."""
-    if isinstance(value, (tuple, list)):
-        return all(_plain(item) for item in value)
-    return value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype))
 
 
 def _generators(every_generator: bool) -> tuple[Any, ...]:

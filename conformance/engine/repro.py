@@ -110,6 +110,11 @@ class DrawRecorder:
         self.draws.append((label, value))
         return value
 
+    def record(self, value: Any, label: str | None = None) -> None:
+        """Record ``value`` as drawn, without drawing: a value the caller knows the draw would give
+        (a simplest example's case, kept from an earlier test: :mod:`conformance.engine.simplest`)."""
+        self.draws.append((label, value))
+
 
 class ReplayData:
     """Stands in for Hypothesis' ``data``: hands back recorded draws, in order, checking labels."""

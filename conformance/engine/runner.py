@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.errors import HypothesisException, InvalidArgument
 
+from conformance.engine import simplest
 from conformance.engine.defects import (
     BackwardError,
     Blocked,
@@ -76,8 +77,10 @@ from conformance.engine.watchdog import (
     phase_marks,
 )
 from conformance.spec import Spec
+from conformance.spec.inputs import Scalar
 from strategies.cases import LAYOUTS, Case, CaseOptions, case_kinds, cases
 from strategies.coverage import Corner, coverage_corners, smaller_corners
+from strategies.recipes import ScalarRecipe
 from strategies.values import GRAD_OUTPUT_KINDS, MASK_KINDS
 
 __all__ = [
@@ -173,6 +176,7 @@ class Target:
     corner: Corner | None = field(default=None, repr=False)  # the coverage phase's, for an example's first case
     corner_pending: bool = field(default=False, repr=False)
     case_strategies: dict[CaseOptions, st.SearchStrategy[Case]] = field(default_factory=dict, repr=False)
+    simplest_cases: dict[CaseOptions, Case] = field(default_factory=dict, repr=False)  # see _simplest_case
     pool: EvaluationPool | None = field(default=None, repr=False)  # evaluations shared with this Function's other tests
     chosen_options: dict[tuple[Any, ...], CaseOptions] = field(default_factory=dict, repr=False)  # see _options_for
     # The constants Hypothesis mixes into the draws (see conformance.engine.literals): the
@@ -319,12 +323,32 @@ class Target:
         strategy = self.case_strategies.get(chosen)
         if strategy is None:  # one per options: Hypothesis validates a new strategy object on its first draw
             strategy = self.case_strategies[chosen] = cases(self.spec, chosen, device=self.device)
-        case = data.draw(strategy, label="case")
+        case = self._simplest_case(data, chosen, strategy) if simplest.running() else data.draw(strategy, label="case")
         if self.context is not None:
             self.context.use_case(case)
         if self.flight is not None:
             self.flight.start_example(case.describe(), self.example_timeout)
         return case
+
+    def _simplest_case(self, data: st.DataObject, chosen: CaseOptions, strategy: st.SearchStrategy[Case]) -> Case:
+        """The case a simplest example draws from ``strategy`` (:mod:`conformance.engine.simplest`):
+        the same for every test of this Function that draws with equal options, so drawn once
+        (~0.5 ms a case) and kept -- unless the spec's own code takes part in the draw
+        (``Scalar(from_case=...)``) or a Scalar's drawn value is not plain data (both may differ,
+        or change, between draws)."""
+        kept = self.simplest_cases.get(chosen)
+        if kept is not None and isinstance(data, DrawRecorder):
+            data.record(kept, label="case")
+            return kept
+        case: Case = data.draw(strategy, label="case")
+        if self.spec_draws_plainly and all(r.plain for r in case.recipes if isinstance(r, ScalarRecipe)):
+            self.simplest_cases[chosen] = case
+        return case
+
+    @functools.cached_property
+    def spec_draws_plainly(self) -> bool:
+        """Whether drawing a case runs none of the spec's own code (no ``Scalar(from_case=...)``)."""
+        return not any(isinstance(i, Scalar) and i.from_case is not None for i in self.spec.inputs)
 
     def _options_for(
         self, options: CaseOptions | None, dtypes: Sequence[torch.dtype] | None, corner: Corner | None
@@ -455,7 +479,10 @@ class Target:
             self.corner = corner
             # One @given wrapper for all runs of this test, each with its own count: what the
             # settings decorator sets, set again (it refuses a second; ~0.1 ms a run).
-            test._hypothesis_internal_use_settings = self.options.hypothesis_settings(examples)  # type: ignore[attr-defined]
+            run_settings = self.options.hypothesis_settings(examples)
+            if examples == 1 and corner is not None and simplest.passes_simplest(property_, run_settings):
+                return  # a corner's one example, the engine's first, passed (see engine.simplest)
+            test._hypothesis_internal_use_settings = run_settings  # type: ignore[attr-defined]
             test()
 
         if self.literals is None:

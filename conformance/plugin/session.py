@@ -110,6 +110,7 @@ class ConformanceSession:
         self.pool = EvaluationPool()  # evaluations shared by the tests of the Function the run is on
         # Their case strategies too: Hypothesis validates a strategy object on its first draw.
         self.case_strategies: dict[CaseOptions, SearchStrategy[Case]] = {}
+        self.simplest_cases: dict[CaseOptions, Case] = {}  # see Target._simplest_case
         self.chosen_options: dict[tuple[Any, ...], CaseOptions] = {}  # see Target._options_for
         self.heap = Heap.for_this_process()
         self.on_function: tuple[str, str] | None = None  # the (Function, device) the run's tests are on
@@ -228,6 +229,7 @@ class ConformanceSession:
         self.pool.clear()
         forget_probe_classes()
         self.case_strategies = {}
+        self.simplest_cases = {}
         self.chosen_options = {}
         # The last failure's traceback (kept for post-mortem debugging) would be frozen with
         # its frames and tensors; pytest drops it at the next test's call anyway.
@@ -572,6 +574,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         strict_expectations=session.expectations is not None and session.expectations.strict,
         pool=session.pool,
         case_strategies=session.case_strategies,
+        simplest_cases=session.simplest_cases,
         chosen_options=session.chosen_options,
         literals=session.literals.get(spec.name),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import functools
+import math
 import subprocess
 import sys
 import time
@@ -956,14 +957,49 @@ def test_a_corners_case_is_drawn_once_for_every_test_of_the_function_that_draws_
     spec = make_spec([Tensor("x", "m n"), Scalar("eps", st.sampled_from((1e-5, 1e-6)))])
     kept: dict[Any, Any] = {}
     first = run(spec, kept)
-    corners = len(Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5})).coverage_corners(5))
-    assert len(kept) == corners > 1
+    phases = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5}))._phases(None)
+    assert phases[-1] == (None, 1) and len(phases) > 2  # every run is one example long: each is the simplest
+    assert len(kept) == len(phases) == len(first)
     second = run(spec, kept)
-    assert all(a is b for a, b in zip(first[:corners], second[:corners]))  # the same objects: not drawn again
-    assert first[:corners] == second[:corners]
+    assert all(a is b for a, b in zip(first, second))  # the same objects: not drawn again
 
     unplain = make_spec([Tensor("x", "m n"), Scalar("table", st.just(np.zeros(2)))])
     kept = {}
     run(unplain, kept)
     assert kept == {}
 
+
+def test_the_budgets_quick_accept_never_accepts_what_the_full_rule_rejects() -> None:
+    """compare_budget's common-case shortcut (:func:`numerics._within_plain_budget`) accepts only
+    values the full rule accepts, and the full rule decides everything else, so the verdicts are the
+    full rule's: the same results with the shortcut on and off, on values near the budget's edge,
+    non-finite ones, and truths past float16's range."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from conformance.engine import numerics
+
+    values = st.one_of(st.floats(-70000, 70000), st.sampled_from((math.inf, -math.inf, math.nan, 0.0, 65504.0)))
+
+    @settings(max_examples=300, database=None, derandomize=True)
+    @given(st.lists(st.tuples(values, st.floats(-1e-2, 1e-2), st.floats(-1e-2, 1e-2)), min_size=1, max_size=6),
+           st.sampled_from((torch.float16, torch.bfloat16, torch.float32)), st.sampled_from((0.0, 1.0, 1e3)))
+    def agrees(rows: list[tuple[float, float, float]], dtype: torch.dtype, floor_at: float) -> None:
+        truth = torch.tensor([t for t, _, _ in rows], dtype=torch.float64)
+        actual = (truth + torch.tensor([a for _, a, _ in rows], dtype=torch.float64)).to(dtype)
+        baseline = (truth + torch.tensor([b for _, _, b in rows], dtype=torch.float64)).to(dtype)
+
+        def verdict() -> bool:
+            return numerics.compare_budget(actual, truth, baseline, dtype, k=2.0, floor_at=floor_at, what="x", where="w") is None
+
+        with_shortcut = verdict()
+        quick = numerics._within_plain_budget(actual, truth, baseline, dtype, k=2.0, floor_at=floor_at, steps=numerics.FLOOR_ULPS)
+        original = numerics._within_plain_budget
+        numerics._within_plain_budget = lambda *args, **kwargs: False  # type: ignore[assignment]
+        try:
+            assert verdict() == with_shortcut
+        finally:
+            numerics._within_plain_budget = original
+        assert with_shortcut or not quick
+
+    agrees()

@@ -480,8 +480,8 @@ class Target:
             # One @given wrapper for all runs of this test, each with its own count: what the
             # settings decorator sets, set again (it refuses a second; ~0.1 ms a run).
             run_settings = self.options.hypothesis_settings(examples)
-            if examples == 1 and corner is not None and simplest.passes_simplest(property_, run_settings):
-                return  # a corner's one example, the engine's first, passed (see engine.simplest)
+            if examples == 1 and simplest.passes_simplest(property_, run_settings):
+                return  # a one-example run (a corner's, compile's): the engine's first example passed (engine.simplest)
             test._hypothesis_internal_use_settings = run_settings  # type: ignore[attr-defined]
             test()
 

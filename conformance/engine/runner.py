@@ -146,6 +146,17 @@ class RunOptions:
         )
 
 
+def _immutable(recipe: ScalarRecipe) -> bool:
+    """A Scalar's value is plain data that nothing can change in place (no list inside)."""
+    if not recipe.plain:
+        return False
+    try:
+        hash(recipe.value)
+    except TypeError:
+        return False
+    return True
+
+
 def example_seed(base: int, spec_name: str, contract: str, device: str) -> int:
     """The Hypothesis seed of one test: stable across machines, paths and xdist workers."""
     return zlib.crc32(f"{spec_name}|{contract}|{device}".encode()) ^ (base & 0xFFFFFFFF)
@@ -334,14 +345,14 @@ class Target:
         """The case a simplest example draws from ``strategy`` (:mod:`conformance.engine.simplest`):
         the same for every test of this Function that draws with equal options, so drawn once
         (~0.5 ms a case) and kept -- unless the spec's own code takes part in the draw
-        (``Scalar(from_case=...)``) or a Scalar's drawn value is not plain data (both may differ,
-        or change, between draws)."""
+        (``Scalar(from_case=...)``) or a Scalar's drawn value is not plain, immutable data (a
+        Function may change a list it is handed; an array's repr rounds)."""
         kept = self.simplest_cases.get(chosen)
         if kept is not None and isinstance(data, DrawRecorder):
             data.record(kept, label="case")
             return kept
         case: Case = data.draw(strategy, label="case")
-        if self.spec_draws_plainly and all(r.plain for r in case.recipes if isinstance(r, ScalarRecipe)):
+        if self.spec_draws_plainly and all(_immutable(r) for r in case.recipes if isinstance(r, ScalarRecipe)):
             self.simplest_cases[chosen] = case
         return case
 

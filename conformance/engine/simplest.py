@@ -1,11 +1,11 @@
 """A Hypothesis test's simplest example, run without Hypothesis' engine.
 
 Every Hypothesis run starts with the simplest choice sequence (each draw's simplest value: 0,
-False, a sampled list's first element). A coverage corner's run is one example long, so it is
-exactly that example: the corner fixes the sizes, dtype and kinds, and every other draw (seeds,
-scales) takes its simplest value. Starting an engine for it -- a ``StateForActualGivenExecution``,
-a ``ConjectureRunner``, its tree and caches -- costs ~0.4 ms a run, more than a cheap contract's
-check, and a main job makes ~8,000 such runs.
+False, a sampled list's first element). A run of one example -- each coverage corner's, the
+compile contract's -- is exactly that example: a corner fixes the sizes, dtype and kinds, and every
+other draw (seeds, scales) takes its simplest value. Starting an engine for it -- a
+``StateForActualGivenExecution``, a ``ConjectureRunner``, its tree and caches -- costs ~0.4 ms a
+run, more than a cheap contract's check, and a main job makes ~8,000 such runs.
 
 :func:`passes_simplest` runs that example the way Hypothesis' engine runs one (its settings,
 ``random`` and the other managed generators seeded as Hypothesis seeds them, a build context, the

@@ -935,6 +935,33 @@ def test_the_simplest_example_leaves_a_failure_or_a_rejection_to_the_engine_and_
     assert ran == [True] and not simplest.running()
 
 
+def test_the_simplest_example_has_the_engines_room_for_deep_calls() -> None:
+    """The engine runs an example with the recursion limit raised (Dynamo's traces are deep): so
+    does the simplest run, or a deep but correct call would fail there and run twice."""
+    from hypothesis import settings
+
+    from conformance.engine import simplest
+
+    def depth(n: int) -> int:
+        return 0 if n == 0 else 1 + depth(n - 1)
+
+    def deep(data: Any) -> None:
+        assert depth(1500) == 1500
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(_stack_depth()) + 300)
+    try:
+        assert simplest.passes_simplest(deep, settings(database=None))
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _stack_depth() -> list[Any]:
+    import traceback
+
+    return traceback.extract_stack()
+
+
 def test_a_corners_case_is_drawn_once_for_every_test_of_the_function_that_draws_it_alike() -> None:
     """Two tests with equal options share the simplest case of each corner: the second records it
     among its draws without drawing it; a case with a drawn Scalar that is not plain data is not kept."""

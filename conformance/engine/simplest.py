@@ -9,7 +9,7 @@ run, more than a cheap contract's check, and a main job makes ~8,000 such runs.
 
 :func:`passes_simplest` runs that example the way Hypothesis' engine runs one (its settings,
 ``random`` and the other managed generators seeded as Hypothesis seeds them, a build context, the
-``data`` argument drawn), and reports whether it passed. Anything else -- an error, a failure, an
+``data`` argument drawn, the recursion limit raised as the engine raises it), and reports whether it passed. Anything else -- an error, a failure, an
 invalid example -- is left to Hypothesis: the caller runs the test under the engine, whose first
 example is this one again, and which shrinks and reports as always. So a passing corner costs one
 example instead of an engine, and a failing one costs one example more than before.
@@ -30,10 +30,11 @@ from hypothesis import strategies as st
 try:
     from hypothesis._settings import local_settings
     from hypothesis.control import BuildContext
-    from hypothesis.core import failure_exceptions_to_catch, skip_exceptions_to_reraise
+    from hypothesis.core import failure_exceptions_to_catch, skip_exceptions_to_reraise, unwrap_markers_from_group
     from hypothesis.internal.conjecture.choice import ChoiceTemplate
     from hypothesis.internal.conjecture.data import ConjectureData, Status
     from hypothesis.internal.conjecture.engine import BUFFER_SIZE
+    from hypothesis.internal.conjecture.junkdrawer import ensure_free_stackframes
     from hypothesis.internal.entropy import deterministic_PRNG
     from hypothesis.internal.observability import observability_enabled
 
@@ -66,8 +67,15 @@ def passes_simplest(test: Callable[[Any], None], run_settings: settings) -> bool
     data = ConjectureData(prefix=(ChoiceTemplate("simplest", count=None),), random=None)
     _RUNNING[0] = True
     try:
-        with local_settings(run_settings), deterministic_PRNG(), BuildContext(data, is_final=False, wrapped_test=test):
-            test(data.draw(_DATA))
+        with (
+            ensure_free_stackframes(),  # the engine's room for deep calls (Dynamo), raised recursion limit
+            local_settings(run_settings),
+            deterministic_PRNG(),
+            BuildContext(data, is_final=False, wrapped_test=test),
+        ):
+            drawn = data.draw(_DATA)
+            with unwrap_markers_from_group(), ensure_free_stackframes():
+                test(drawn)
     except skip_exceptions_to_reraise():  # type: ignore[no-untyped-call]
         raise
     except failure_exceptions_to_catch():

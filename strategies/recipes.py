@@ -78,7 +78,12 @@ class ScalarRecipe(Recipe):
     def plain(self) -> bool:
         """Whether the value is plain data whose repr tells it apart from every other value (numbers,
         strings, dtypes, None and tuples or lists of them; not an array, a tensor or a callable)."""
-        return _plain(self.value)
+        return _plain(self.value, lists=True)
+
+    @property
+    def immutable(self) -> bool:
+        """Plain data nothing can change in place: :attr:`plain` without a list inside."""
+        return _plain(self.value, lists=False)
 
     def build(self, dtype: torch.dtype, device: str, *, spec_input: Any = None, earlier: Mapping[str, Any] | None = None) -> Any:
         return self.value
@@ -92,9 +97,9 @@ class ScalarRecipe(Recipe):
         return f"{self.name}={shown}"
 
 
-def _plain(value: Any) -> bool:
-    if isinstance(value, (tuple, list)):
-        return all(_plain(item) for item in value)
+def _plain(value: Any, *, lists: bool) -> bool:
+    if isinstance(value, tuple) or (lists and isinstance(value, list)):
+        return all(_plain(item, lists=lists) for item in value)
     return value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype))
 
 

@@ -146,17 +146,6 @@ class RunOptions:
         )
 
 
-def _immutable(recipe: ScalarRecipe) -> bool:
-    """A Scalar's value is plain data that nothing can change in place (no list inside)."""
-    if not recipe.plain:
-        return False
-    try:
-        hash(recipe.value)
-    except TypeError:
-        return False
-    return True
-
-
 def example_seed(base: int, spec_name: str, contract: str, device: str) -> int:
     """The Hypothesis seed of one test: stable across machines, paths and xdist workers."""
     return zlib.crc32(f"{spec_name}|{contract}|{device}".encode()) ^ (base & 0xFFFFFFFF)
@@ -352,7 +341,7 @@ class Target:
             data.record(kept, label="case")
             return kept
         case: Case = data.draw(strategy, label="case")
-        if self.spec_draws_plainly and all(_immutable(r) for r in case.recipes if isinstance(r, ScalarRecipe)):
+        if self.spec_draws_plainly and all(r.immutable for r in case.recipes if isinstance(r, ScalarRecipe)):
             self.simplest_cases[chosen] = case
         return case
 

@@ -196,3 +196,29 @@ def test_flash_attention_tail_mask_and_causal_alignment_bugs_are_caught(device, 
     for name in ("triton_fa_tail_mask_bug", "triton_fa_causal_misaligned_bug"):
         assert cells[("gradcheck", name)]["outcome"] == "passed"
         assert "output[0] != reference" in cells[("reference", name)]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "rows_per_program"),
+    [
+        ((32, 7), 16),  # whole tiles of 16 rows (BLOCK 8)
+        ((2, 3, 5), 16),  # one partial tile: 6 rows in a tile of 16
+        ((19, 100), 16),  # a whole tile and a partial one (BLOCK 128)
+        ((5, 600), 2),  # BLOCK 1024: 2 rows a tile, the last tile half empty
+        ((3, 2049), 1),  # a row longer than a tile: one row per program
+    ],
+)
+def test_triton_softmax_tiles_match_torch(shape, rows_per_program, device) -> None:  # type: ignore[no-untyped-def]
+    # The tile's edges directly, at sizes the contracts' budgets rarely draw (long rows, whole tiles).
+    from reference_ops.triton import softmax
+
+    assert softmax._block_rows(softmax.next_power_of_2(shape[-1])) == rows_per_program
+    for dtype in (torch.float64, torch.float32):
+        x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+        grad = torch.randn(shape, dtype=dtype, device=device)
+        (dx,) = torch.autograd.grad(softmax.triton_softmax(x), x, grad)
+        expected = torch.softmax(x.detach().double(), -1)
+        expected_dx = expected * (grad.double() - (grad.double() * expected).sum(-1, keepdim=True))
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(softmax.triton_softmax(x).double(), expected, rtol=tol, atol=tol)
+        torch.testing.assert_close(dx.double(), expected_dx, rtol=tol, atol=tol)

@@ -1,11 +1,11 @@
 """Row-wise softmax over the last dim: a Triton forward and a Triton backward.
 
 One program per block of rows: a ``(BLOCK_ROWS, BLOCK)`` tile with ``BLOCK = next_power_of_2(n)``
-lanes masked to ``n`` and the rows past the last masked out. ``BLOCK_ROWS`` comes from the row
+lanes masked to ``n``; rows past the last are never stored. ``BLOCK_ROWS`` comes from the row
 length (up to 16 rows, a tile of at most ``TILE_ELEMENTS`` lanes; one row per program once a row
-fills a tile), as kernels for short rows do; it also keeps the interpreter, which runs each
-program's ops in numpy program after program, about 10x cheaper on the main job's rows (measured:
-5.4 s -> see the benchmark report of this change). float16 and bfloat16 rows are computed in
+fills a tile), as kernels for short rows do. It also keeps the interpreter, which runs each
+program's ops in numpy program after program, cheaper: in the main job 1,250 programs instead of
+10,476, 1.4 s instead of 4.9 s (measured, 2 cores). float16 and bfloat16 rows are computed in
 float32 (as fused GPU kernels do) and stored back in the input dtype; float64 stays float64.
 """
 

@@ -213,12 +213,14 @@ def test_triton_softmax_tiles_match_torch(shape, rows_per_program, device) -> No
     from reference_ops.triton import softmax
 
     assert softmax._block_rows(softmax.next_power_of_2(shape[-1])) == rows_per_program
+    generator = torch.Generator().manual_seed(0)
     for dtype in (torch.float64, torch.float32):
-        x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
-        grad = torch.randn(shape, dtype=dtype, device=device)
-        (dx,) = torch.autograd.grad(softmax.triton_softmax(x), x, grad)
+        x = torch.randn(shape, generator=generator, dtype=dtype).to(device).requires_grad_()
+        grad = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+        y = softmax.triton_softmax(x)
+        (dx,) = torch.autograd.grad(y, x, grad)
         expected = torch.softmax(x.detach().double(), -1)
         expected_dx = expected * (grad.double() - (grad.double() * expected).sum(-1, keepdim=True))
         tol = 1e-12 if dtype == torch.float64 else 1e-6
-        torch.testing.assert_close(softmax.triton_softmax(x).double(), expected, rtol=tol, atol=tol)
+        torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol)
         torch.testing.assert_close(dx.double(), expected_dx, rtol=tol, atol=tol)

@@ -121,7 +121,12 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
         if unresolvable is not None:
             target.not_checked(unresolvable)
             return
-        _check_twice_differentiable(target, case, call, args, wrt_positions, names)
+        # A case drawn again is not checked again: the pool served these very results (intact),
+        # and the Function is deterministic and draws from no generator, or it would not be kept.
+        target.judged_once(
+            execution, "second derivatives", lambda: _check_twice_differentiable(target, case, call, args, wrt_positions, names)
+        )
+        target.checked()
     else:
         _check_refuses_double_backward(target, case, call, wrt, names)
 
@@ -176,7 +181,6 @@ def _check_twice_differentiable(
             fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
         raise
     else:
-        target.checked()
         return
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]

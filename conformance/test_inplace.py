@@ -84,7 +84,14 @@ def _describe_change(count: int, now: torch.Tensor, before: Snapshot) -> str:
 
 def check_inplace(target: Target, data: st.DataObject) -> None:
     drawn = target.draw_case(data)
-    target.preflight(drawn)  # a structural defect blocks this contract; see defects.py
+    execution = target.preflight(drawn)  # a structural defect blocks this contract; see defects.py
+    # A case drawn again is not checked again: the pool served the same results (intact), and
+    # the Function is deterministic and draws from no generator, or it would not be kept.
+    target.judged_once(execution, "every grad_output layout", lambda: _check_every_grad_layout(target, drawn))
+    target.checked()  # forward's inputs and outputs were checked on every layout, at least
+
+
+def _check_every_grad_layout(target: Target, drawn: Case) -> None:
     # Every grad_output layout: a backward that writes into ``grad.transpose(1, 2).contiguous()``
     # or ``grad.view(...)`` writes into the caller's tensor only when that call is a no-op, i.e.
     # when grad_output has the layout backward turns it into (often the output's own strides).
@@ -95,7 +102,6 @@ def check_inplace(target: Target, data: st.DataObject) -> None:
         _check_once(target, case)
     if target.context is not None:
         target.context.case = drawn
-    target.checked()  # forward's inputs and outputs were checked on every layout, at least
 
 
 def _check_once(target: Target, case: Case) -> None:

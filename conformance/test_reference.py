@@ -50,11 +50,16 @@ from strategies.values import MASK_KINDS
 def check_dtype(target: Target, case: Case, dtype: torch.dtype) -> bool:
     """Compare the implementation with the truth (and the baseline) for ``case`` in ``dtype``;
     False when there was no tensor to compare."""
-    spec = target.spec
-    dtype_name = str(dtype).removeprefix("torch.")
     if target.context is not None:
         target.context.use_case(case.with_dtype(dtype))  # the repro rebuilds this dtype
     impl = target.preflight(case, dtype=dtype)
+    # A case drawn again is not judged again: the pool served these very results (intact).
+    return target.judged_once(impl, "values", lambda: _check_values(target, case, dtype, impl))
+
+
+def _check_values(target: Target, case: Case, dtype: torch.dtype, impl: Execution) -> bool:
+    spec = target.spec
+    dtype_name = str(dtype).removeprefix("torch.")
     names = [recipe.name for recipe in case.recipes]
     # The truth is computed from pristine inputs and grad_outputs, rebuilt from the case: a
     # Function that writes into them is the inplace contract's finding, not a wrong value.

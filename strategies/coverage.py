@@ -30,6 +30,7 @@ What the corners cover (:func:`coverage_corners`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -213,6 +214,14 @@ def coverage_corners(
     number of values) of each categorical draw the contract varies beyond the spec
     (:func:`strategies.cases.case_kinds`): each value in turn, as dtypes are, or with
     ``pairwise_kinds`` the kinds and the dtype as factors of the pairwise array."""
+    return _corners(spec, tuple(dtypes), max_elements, max_batch_dims, tuple(kinds), pairwise_kinds)
+
+
+@functools.lru_cache(maxsize=1024)  # asked by every test; a Function's tests that draw alike get the same
+def _corners(
+    spec: Spec, dtypes: tuple[torch.dtype, ...], max_elements: int, max_batch_dims: int, kinds: tuple[tuple[str, int], ...],
+    pairwise_kinds: bool,
+) -> tuple[Corner, ...]:
     rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
     names = spec.dim_names
     bounds = dim_bounds(names, rules)

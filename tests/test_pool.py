@@ -269,3 +269,52 @@ def test_a_case_differing_only_in_notes_shares_and_keeps_its_own_notes() -> None
     noted = dataclasses.replace(_case(spec), notes={"family": "extreme"})
     served = _target(spec, pool, "stability").execution(noted)
     assert len(CALLS) == 1 and served.case.notes == {"family": "extreme"}
+
+
+def _judge(verdicts: list[str], outcome: str) -> Callable[[], str]:
+    def judge() -> str:
+        verdicts.append(outcome)
+        if outcome == "fail":
+            raise AssertionError("the judged values are wrong")
+        return outcome
+
+    return judge
+
+
+def test_a_case_drawn_again_is_judged_once_per_contract_and_key() -> None:
+    spec, pool = _spec(CountedScale, name="counted"), EvaluationPool()
+    stability, reference = _target(spec, pool, "stability"), _target(spec, pool, "reference")
+    judged: list[str] = []
+    first = stability.execution(_case(spec))
+    assert stability.judged_once(first, "extreme", _judge(judged, "compared")) == "compared"
+    again = stability.execution(_case(spec))  # served: the same tensors, intact
+    assert stability.judged_once(again, "extreme", _judge(judged, "not again")) == "compared"
+    assert judged == ["compared"], f"judgements={judged}, but should be 1 [an equal case, served again]"
+    # Another key (a family judged by another rule), another contract: judged for themselves.
+    assert stability.judged_once(again, "single", _judge(judged, "single")) == "single"
+    assert reference.judged_once(reference.execution(_case(spec)), "extreme", _judge(judged, "reference")) == "reference"
+    assert judged == ["compared", "single", "reference"]
+
+
+def test_a_failing_judgement_is_not_kept_and_fails_again() -> None:
+    spec, pool = _spec(CountedScale, name="counted"), EvaluationPool()
+    target = _target(spec, pool, "reference")
+    judged: list[str] = []
+    for _ in range(2):
+        with pytest.raises(AssertionError, match="wrong"):
+            target.judged_once(target.execution(_case(spec)), "values", _judge(judged, "fail"))
+    assert judged == ["fail", "fail"], f"judgements={judged}, but should be 2 [a failure is never remembered]"
+
+
+@pytest.mark.parametrize(
+    "fn, nondeterministic",
+    [(UndeclaredNoise, False), (CountedScale, True), (ReusedWorkspace, False)],
+    ids=["drew from a generator", "declared random", "tensors written since"],
+)
+def test_an_evaluation_the_pool_does_not_serve_again_is_judged_every_time(fn: type[torch.autograd.Function], nondeterministic: bool) -> None:
+    spec, pool = _spec(fn, name=f"judged_{fn.__name__}", nondeterministic=nondeterministic), EvaluationPool()
+    target = _target(spec, pool, "stability")
+    judged: list[str] = []
+    for seed in (0, 1, 0):  # seed 1 overwrites ReusedWorkspace's buffer: seed 0's evaluation is stale
+        target.judged_once(target.execution(_case(spec, seed=seed)), "extreme", _judge(judged, f"seed {seed}"))
+    assert judged == ["seed 0", "seed 1", "seed 0"], f"judgements={judged}, but seed 0 should be judged again"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,9 @@ class Execution:
     # Output/gradient elements that came from memory the Function never wrote (poisoned
     # allocations, confirmed by a zero-filled rerun): the unwritten_memory contract's finding.
     unwritten: list[Unwritten] = field(default_factory=list)
+    # What contracts concluded from this evaluation (Target.judged_once), shared by every record
+    # of it the pool hands out; None for an evaluation the pool does not keep.
+    judgements: dict[tuple[str, Hashable], Any] | None = None
 
     def observed(self) -> list[tuple[str, torch.Tensor | None]]:
         """The tensors a caller gets: forward's outputs and the input gradients, labelled."""

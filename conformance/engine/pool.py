@@ -25,7 +25,11 @@ An evaluation is shared only where sharing cannot change a verdict:
   RNG state, so an undeclared random draw shows only between two calls made in the same example.
 
 Each caller gets its own :class:`~conformance.engine.harness.Execution` record (the same tensors,
-its own case), so its report names its own case.
+its own case), so its report names its own case. The records of one kept evaluation share its
+``judgements``: a test that meets an equal case again (Hypothesis draws some cases more than
+once: a stability test of 10 examples judged ~30% of its cases before) takes what it concluded
+the first time instead of judging the same tensors again (:meth:`Target.judged_once
+<conformance.engine.runner.Target.judged_once>`).
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class EvaluationPool:
             return execution
         if len(self._kept) >= self.capacity:
             del self._kept[next(iter(self._kept))]
+        execution.judgements = {}
         self._kept[key] = _Kept(execution, snapshot)
         self.stats.made += 1
         return execution

@@ -22,11 +22,11 @@ import functools
 import re
 import traceback
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 import torch
@@ -89,6 +89,8 @@ __all__ = [
     "Target",
     "example_seed",
 ]
+
+T = TypeVar("T")
 
 # Requires-grad subsets, broadcasting, every layout, mask and grad_output kind: what the contracts
 # that own a defect others may meet anywhere (the memory contracts) draw from.
@@ -285,6 +287,21 @@ class Target:
             execution = self.execution(case, dtype=dtype)
         require_sound(self.contract, execution)
         return execution
+
+    def judged_once(self, execution: Execution, key: Hashable, judge: Callable[[], T]) -> T:
+        """``judge()``, the judgement of ``execution`` that ``key`` names (with this contract), made
+        once per evaluation the pool keeps: for an equal case served again (the same tensors,
+        intact) it returns what the first judgement returned. A judgement that raises (a failure,
+        "blocked by") keeps nothing, so it raises again; an evaluation the pool does not keep (a
+        random Function's, one that drew from a generator) is judged every time."""
+        kept = execution.judgements
+        if kept is None:
+            return judge()
+        name = (self.contract, key)
+        if name not in kept:
+            kept[name] = judge()
+        result: T = kept[name]
+        return result
 
     def reporting(self) -> bool:
         """Whether a failure of this example is the one reported: Hypothesis' final run of the

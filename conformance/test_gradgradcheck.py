@@ -50,7 +50,7 @@ from conformance.engine.finite_differences import (
 )
 from conformance.engine.harness import fixed_rng
 from conformance.engine.probe import Recorder
-from conformance.engine.report import advise, fail
+from conformance.engine.report import advise, fail, user_frames
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
     is_once_differentiable_node,
@@ -58,6 +58,7 @@ from conformance.engine.torch_text import (
     raised_by_once_differentiable,
     without_slow_mode_jacobians,
 )
+from conformance.engine.triton_interpreter import interpreter_limit
 from strategies.cases import Case, CaseOptions
 
 FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases
@@ -82,6 +83,13 @@ CAUSE_ONCE = (
     "backward is decorated with @once_differentiable, but the spec declares double_backward=True. "
     "Note that torch.autograd.grad(..., inputs=...) silently returns None through a "
     "@once_differentiable backward instead of raising; only .backward() raises."
+)
+CAUSE_RAISED = (
+    "backward is not twice differentiable: under create_graph=True autograd records backward's own "
+    "operations, and differentiating them failed (usually an in-place op in backward on a tensor "
+    "autograd saved, or an op with no derivative). Make backward differentiable, or declare "
+    "double_backward=False and decorate backward with @torch.autograd.function.once_differentiable, "
+    "so that double backward raises a clear error."
 )
 ADVICE_FALSE = (
     "A Function that is not twice differentiable should decorate backward with "
@@ -179,7 +187,14 @@ def _check_twice_differentiable(
     except RuntimeError as error:
         if raised_by_once_differentiable(error):
             fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
-        raise
+        if interpreter_limit(error) is not None:
+            raise  # the Triton interpreter's limit: the runner leaves such an example unchecked
+        # The plain forward and backward of this case ran (preflight): what raised is what
+        # gradgradcheck adds, the backward under create_graph=True and its derivative.
+        fail(
+            f"gradgradcheck raised {type(error).__name__}, but the spec declares double_backward=True [{mode}]",
+            CAUSE_RAISED, f"{type(error).__name__}: {error}", user_frames(error),
+        )
     else:
         return
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).

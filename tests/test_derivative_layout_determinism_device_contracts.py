@@ -80,6 +80,15 @@ def test_declared_once_differentiable_that_detaches_fails(bugs) -> None:  # type
     assert "gradient penalty" in text
 
 
+
+def test_backward_that_cannot_be_differentiated_fails_with_its_cause(bugs) -> None:  # type: ignore[no-untyped-def]
+    text = bugs.failed("gradgradcheck", "inplace_in_backward")
+    assert "gradgradcheck raised RuntimeError, but the spec declares double_backward=True" in text, text
+    assert "modified by an inplace operation" in text  # torch's own error, in full
+    assert "backward is not twice differentiable" in text and "@torch.autograd.function.once_differentiable" in text
+    bugs.passed("gradcheck", "inplace_in_backward")
+    bugs.passed("gradgradcheck", "inplace_in_backward_once")  # the same backward, declared
+
 # ----------------------------------------------------------------------------- layouts
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -29,6 +30,7 @@ __all__ = [
     "fail",
     "mismatch_report",
     "upstream",
+    "user_frames",
 ]
 
 
@@ -211,3 +213,15 @@ def mismatch_report(actual: torch.Tensor, expected: torch.Tensor, *, allowed: fl
         lines.append(f"Baseline error (reference in the same dtype): {baseline:.6g}")
     lines.append(f"Allowed: {allowed:.6g}" if math.isfinite(allowed) else "Allowed: inf")
     return "\n".join(lines)
+
+
+def user_frames(error: BaseException, limit: int = 4) -> str:
+    """The innermost frames of ``error``'s traceback outside this suite, Hypothesis and torch:
+    where in the user's code it was raised."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if not any(part in f.filename for part in ("/conformance/", "/hypothesis/", "/torch/", "/strategies/"))
+    ]
+    if not frames:
+        return ""
+    return "raised at:\n" + "".join(traceback.format_list(frames[-limit:])).rstrip()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-import traceback
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -60,6 +59,7 @@ from conformance.engine.report import (
     fail,
     reset_context,
     set_context,
+    user_frames,
 )
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
 from conformance.engine.seeding import needs_numpy_seeded, numpy_seeded_only_if
@@ -686,13 +686,13 @@ class Target:
                     summary,
                     f"time budget: {timeout.seconds:g} s per example (--example-timeout, or register(..., timeout=) "
                     "for a Function that is legitimately slow)",
-                    _user_frames(timeout),
+                    user_frames(timeout),
                 )) from None
             except SystemExit as exiting:
                 raise ExampleAborted(contract_failure(
                     f"sys.exit({exiting.code!r}) was called, but a Function should never exit the program "
                     f"[{phase(_innermost_frame(exiting))}]",
-                    _user_frames(exiting),
+                    user_frames(exiting),
                 )) from None
             except Crash as crash:
                 self._crashed(crash)
@@ -703,7 +703,7 @@ class Target:
                 fail(
                     f"{type(error).__name__} raised while checking this contract [{self.spec.display_name}]",
                     f"{type(error).__name__}: {error}",
-                    _user_frames(error),
+                    user_frames(error),
                 )
             finally:
                 reset_context(token)
@@ -726,7 +726,7 @@ class Target:
             owner = crash_owner(crash.case, self.contract, cause) if crash.case is not None else self.contract
         if owner != self.contract:
             raise Blocked(Defect(owner, summary), crash.case)
-        fail(summary, f"{type(cause).__name__}: {cause}", _user_frames(cause), case=crash.case)
+        fail(summary, f"{type(cause).__name__}: {cause}", user_frames(cause), case=crash.case)
 
     def _crashed_in_user_code(self, error: BaseException, where: str) -> None:
         """An error raised inside the Function's forward or backward while the contract drove it
@@ -764,13 +764,3 @@ def _innermost_frame(error: BaseException) -> Any:
     return tb.tb_frame if tb is not None else None
 
 
-def _user_frames(error: BaseException, limit: int = 4) -> str:
-    """The innermost frames of ``error``'s traceback outside this suite, Hypothesis and torch:
-    where in the user's code it was raised."""
-    frames = [
-        f for f in traceback.extract_tb(error.__traceback__)
-        if not any(part in f.filename for part in ("/conformance/", "/hypothesis/", "/torch/", "/strategies/"))
-    ]
-    if not frames:
-        return ""
-    return "raised at:\n" + "".join(traceback.format_list(frames[-limit:])).rstrip()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from conformance import Tensor, register
 
@@ -121,6 +122,39 @@ register(
     double_backward=False,
 )
 
+
+
+class InplaceInBackward(torch.autograd.Function):
+    """exp(x), whose backward scales a fresh exp(x) by grad_output in place: right once, but under
+    create_graph=True autograd saved that exp(x) for its own derivative, so double backward raises
+    (the tensor was modified by an inplace operation), and the spec declares it twice differentiable."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.exp(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.exp(x).mul_(grad_output)
+
+
+class InplaceInBackwardOnce(InplaceInBackward):
+    """The same backward, declared: double_backward=False and @once_differentiable (correct)."""
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.exp(x).mul_(grad_output)
+
+
+register(InplaceInBackward, name="inplace_in_backward", inputs=[Tensor("x", "*batch n")], reference=torch.exp, dtypes=FLOATS)
+register(
+    InplaceInBackwardOnce, name="inplace_in_backward_once", inputs=[Tensor("x", "*batch n")], reference=torch.exp,
+    dtypes=FLOATS, double_backward=False,
+)
 
 # ----------------------------------------------------------------------------- layouts
 

@@ -437,7 +437,8 @@ def _recompile_finding(target: Target, backend: str, calls: list[Case], variants
     sizes = "; ".join(c.describe() for c in calls)
     summary = (
         f"torch.compile compiled {variants} variants for {len(calls)} calls, but should reuse one after "
-        f"the sizes that change have turned dynamic (an earlier graph serves call {len(calls)}) "
+        f"the sizes that change have turned dynamic (Dynamo marks a size dynamic once it changes, so later calls normally reuse "
+        f"that graph; call {len(calls)} did not) "
         f"[{target.spec.display_name}, backend={backend!r}]"
     )
     details = (

@@ -85,11 +85,12 @@ CAUSE_ONCE = (
     "@once_differentiable backward instead of raising; only .backward() raises."
 )
 CAUSE_RAISED = (
-    "backward is not twice differentiable: under create_graph=True autograd records backward's own "
-    "operations, and differentiating them failed (usually an in-place op in backward on a tensor "
-    "autograd saved, or an op with no derivative). Make backward differentiable, or declare "
-    "double_backward=False and decorate backward with @torch.autograd.function.once_differentiable, "
-    "so that double backward raises a clear error."
+    "The plain forward and backward of this case ran; what raised is what gradgradcheck adds: backward "
+    "under create_graph=True (autograd records backward's own operations), their derivative, or forward "
+    "at inputs moved by finite differences. Usually backward is not twice differentiable (an in-place op "
+    "in backward on a tensor autograd saved, an op with no derivative): make it differentiable, or declare "
+    "double_backward=False and decorate backward with @torch.autograd.function.once_differentiable, so "
+    "that double backward raises a clear error."
 )
 ADVICE_FALSE = (
     "A Function that is not twice differentiable should decorate backward with "
@@ -189,8 +190,6 @@ def _check_twice_differentiable(
             fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
         if interpreter_limit(error) is not None:
             raise  # the Triton interpreter's limit: the runner leaves such an example unchecked
-        # The plain forward and backward of this case ran (preflight): what raised is what
-        # gradgradcheck adds, the backward under create_graph=True and its derivative.
         fail(
             f"gradgradcheck raised {type(error).__name__}, but the spec declares double_backward=True [{mode}]",
             CAUSE_RAISED, f"{type(error).__name__}: {error}", user_frames(error),

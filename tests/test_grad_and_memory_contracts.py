@@ -105,6 +105,18 @@ def test_saved_tensor_modified_in_backward_fails_inplace(bugs) -> None:  # type:
     assert "ctx.saved_tensors[0] was modified in place by backward" in text
 
 
+def test_saved_tensor_written_in_backward_blocks_gradgradcheck(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    # gradgradcheck runs backward's graph again and meets autograd's version check: inplace's
+    # defect, so one defect gives one failure, however gradgradcheck words the errors it owns.
+    run = conformance_run(
+        ZOO / "grad_and_memory_bugs.py", "-k", "modifies_saved_tensor or scales_saved_input_view",
+        contracts=("gradgradcheck",), max_examples=3,
+    )
+    for name in ("modifies_saved_tensor", "scales_saved_input_view"):
+        blocked = run.verdict("gradgradcheck", name)
+        assert blocked.outcome == "skipped" and "blocked by inplace: " in blocked.text, blocked.text
+
+
 def test_gradient_written_through_data_fails_inplace_but_gradcheck_passes(bugs) -> None:  # type: ignore[no-untyped-def]
     text = bugs.failed("inplace", "grad_into_input_data")
     assert "input 'x' was modified in place by backward" in text

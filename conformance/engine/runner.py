@@ -728,6 +728,15 @@ class Target:
             raise Blocked(Defect(owner, summary), crash.case)
         fail(summary, f"{type(cause).__name__}: {cause}", user_frames(cause), case=crash.case)
 
+    def blocked_if_owned_elsewhere(self, error: BaseException) -> None:
+        """For a contract that words an error it met itself: when ``error`` was raised inside the
+        Function's own forward or backward and the drawn case alone reproduces it, raise
+        ``Blocked`` by the contract that owns that crash (:func:`conformance.engine.evaluate.crash_owner`);
+        return when the error is this contract's finding, as the runner's own wording does."""
+        __tracebackhide__ = True
+        marks = phase_marks(self.spec.display_name, self.spec.op.user_code(), self.spec.reference, self.spec.surrogate)
+        self._crashed_in_user_code(error, phase_at(_innermost_frame(error), marks, ""))
+
     def _crashed_in_user_code(self, error: BaseException, where: str) -> None:
         """An error raised inside the Function's forward or backward while the contract drove it
         itself: when the drawn case alone reproduces it, it is a crash with an owner (the runner

@@ -7,12 +7,15 @@ generic names a user's project may also have), only adds its options, and hides 
 test modules from collection. A run that names the suite (a path inside ``conformance/``,
 ``--pyargs conformance``) or passes ``--impl`` activates it: its option values are read once
 (:func:`read_values`, from the table :data:`OPTIONS`), then the suite is imported and a
-:class:`conformance.plugin.session.ConformanceSession` takes over with them.
+:class:`conformance.plugin.session.ConformanceSession` takes over with them -- on an xdist
+controller only once its workers are started (:class:`WorkersFirst`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,9 @@ PROFILES: Mapping[str, Mapping[str, int | bool]] = MappingProxyType({
     "thorough": MappingProxyType({"max_examples": 100}),  # before a release, or after touching a backward
 })
 PROFILE_NAMES = tuple(PROFILES)
+
+# The key under which an xdist controller tells each worker where flight records go.
+FLIGHT_DIR_KEY = "conformance_flight_dir"
 
 _active_key = pytest.StashKey[bool]()
 _root_key = pytest.StashKey[Path]()
@@ -319,6 +325,49 @@ def check_suite_imports(root: Path) -> None:
             )
 
 
+def runs_tests_here(config: Any) -> bool:
+    """False on an xdist controller, which hands every test to a worker and only receives reports
+    (xdist's own test: a --dist mode and workers to send to, both set before pytest_configure)."""
+    if hasattr(config, "workerinput"):
+        return True
+    option = config.option
+    return getattr(option, "dist", "no") == "no" or not getattr(option, "tx", None)
+
+
+class WorkersFirst:
+    """On an xdist controller: the suite is activated after xdist has started the workers.
+
+    Activation imports torch and the ``--impl`` modules (~1.5 s); each worker does the same for
+    itself, so a controller that activated first kept both cores waiting for it. Until then this
+    plugin gives xdist what it needs while starting the workers (where flight records go) and
+    activates at the controller's first step after that (``pytest_collection``), printing the
+    header lines the terminal could not have yet."""
+
+    def __init__(self, config: pytest.Config, values: Mapping[str, OptionValue]) -> None:
+        self.config = config
+        self.values = values
+        self.flight_dir = Path(tempfile.mkdtemp(prefix="conformance-flight-"))
+        config.add_cleanup(lambda: shutil.rmtree(self.flight_dir, ignore_errors=True))
+        self.activated = False
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[FLIGHT_DIR_KEY] = str(self.flight_dir)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        if self.activated:
+            return
+        self.activated = True
+        from conformance.plugin.session import activate
+
+        activated = activate(self.config, self.values, flight_dir=self.flight_dir)
+        terminal = self.config.pluginmanager.getplugin("terminalreporter")
+        if terminal is not None and terminal.showheader and not terminal.no_header:
+            for line in activated.pytest_report_header(self.config):
+                terminal.write_line(line)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -330,6 +379,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # inert: nothing imported, contract modules hidden from collection
     check_suite_imports(_package_dir(config).parent)
     values = read_values(config)  # parsed once here, typed and checked by conformance.plugin.options
+    if not runs_tests_here(config):
+        config.pluginmanager.register(WorkersFirst(config, values), "autograd-conformance-workers-first")
+        return
     from conformance.plugin.session import activate
 
     activate(config, values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gc
 import importlib
+import json
 import os
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from autograd_conformance_plugin import runs_tests_here
 from conformance.engine import runner
 from conformance.engine.loader import load_impls
 from conformance.engine.verdict import Verdict as RecordedVerdict
@@ -21,7 +23,7 @@ from conformance.plugin import collection
 from conformance.plugin.collection import ContractTest, contract_test_key
 from conformance.plugin.heap import Heap
 from conformance.plugin.options import parse_options
-from conformance.plugin.session import ConformanceSession, runs_tests_here
+from conformance.plugin.session import ConformanceSession
 from conformance.spec import Spec, registered
 from strategies.cases import CaseOptions, cases
 from tests.conftest import CONFORMANCE_DIR, ZOO, run_conformance
@@ -114,11 +116,40 @@ def _verdicts(result: pytest.RunResult) -> list[str]:
     return sorted(line.split(" ")[0] + " " + line.split(" ")[1] for line in result.outlines if line.startswith(("PASSED", "FAILED")))
 
 
+# Loaded by the -n 2 run below: what the xdist controller had done when it started its workers,
+# and the restart budget xdist ended up with.
+CONTROLLER_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import pytest
+
+    seen = {}
+
+    def pytest_configure_node(node):
+        seen.setdefault("torch_imported_before_workers", "torch" in sys.modules)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(session):
+        if not hasattr(session.config, "workerinput"):
+            seen["restart_budget"] = session.config.pluginmanager.getplugin("dsession")._max_worker_restart
+            with open("controller_probe.json", "w") as probe:
+                json.dump(seen, probe)
+    """
+)
+
+
 def test_same_seed_same_verdicts_serial_and_xdist(pytester: pytest.Pytester) -> None:
     args = [str(CONFORMANCE_DIR), f"--impl={ZOO / 'core_bugs.py'}", "--device=cpu", "--max-examples=4", CORE, "-p", "no:cacheprovider", "-rA"]
     serial = pytester.runpytest_subprocess(*args, "--seed=7")
-    parallel = pytester.runpytest_subprocess(*args, "--seed=7", "-n", "2")
+    pytester.makepyfile(controller_probe=CONTROLLER_PROBE)
+    parallel = pytester.runpytest_subprocess(*args, "--seed=7", "-n", "2", "-p", "controller_probe")
     assert _verdicts(serial) and _verdicts(serial) == _verdicts(parallel)
+    # The controller started its workers before importing torch and the --impl (both cores
+    # busy from the start), and still raised xdist's restart cap to one per test it could run.
+    probe = json.loads((pytester.path / "controller_probe.json").read_text())
+    assert probe == {"torch_imported_before_workers": False, "restart_budget": probe["restart_budget"]}
+    assert probe["restart_budget"] > 4 * 2 + len(_verdicts(parallel))
+    assert any(line.startswith("autograd-conformance: suite in ") for line in parallel.outlines)
     # The falsifying example is a function of the seed: identical reports both ways.
     def falsifying(result: pytest.RunResult) -> list[str]:
         return sorted(line for line in result.outlines if line.strip().startswith("case: "))

@@ -32,10 +32,6 @@ from conformance.plugin.collection import TEST_PROPERTY, not_run_here_key
 
 __all__ = ["ForkIsolation", "XdistCrashReports", "crash_text", "exit_status_text"]
 
-# The key under which the controller tells each xdist worker where flight records go.
-FLIGHT_DIR_KEY = "conformance_flight_dir"
-
-
 def exit_status_text(status: int) -> str:
     """``os.waitpid``'s status in words: "killed by SIGSEGV", "exited with code 3"."""
     if os.WIFSIGNALED(status):
@@ -160,14 +156,12 @@ class ForkIsolation:
 
 
 class XdistCrashReports:
-    """On the xdist controller: tells workers where flight records go, and turns xdist's bare
-    "worker crashed" report into the contract failure its flight record describes."""
+    """On the xdist controller: turns xdist's bare "worker crashed" report into the contract
+    failure its flight record describes (the workers were told where flight records go by
+    ``autograd_conformance_plugin.WorkersFirst``)."""
 
     def __init__(self, flight_dir: Path) -> None:
         self.flight_dir = flight_dir
-
-    def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[FLIGHT_DIR_KEY] = str(self.flight_dir)
 
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         worker = getattr(getattr(report, "node", None), "gateway", None)

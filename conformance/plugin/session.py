@@ -30,7 +30,7 @@ import pytest
 import torch
 from hypothesis.strategies import SearchStrategy
 
-from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, OptionValue
+from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, FLIGHT_DIR_KEY, OptionValue, runs_tests_here
 from conformance.engine.author_code import Executed, Region, Tracer, regions_of
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
@@ -59,7 +59,7 @@ from conformance.plugin.collection import (
 )
 from conformance.plugin.devices import cuda_usable, describe_cuda, no_cuda_reason, prepare_devices, triton_mode
 from conformance.plugin.heap import Heap
-from conformance.plugin.isolation import FLIGHT_DIR_KEY, ForkIsolation, XdistCrashReports
+from conformance.plugin.isolation import ForkIsolation, XdistCrashReports
 from conformance.plugin.options import RunOptions, check_contract_names, parse_options
 from conformance.plugin.outcomes import FAILURE_OUTCOMES, Cell, OutcomeMatrix, RunInfo, author_gap_lines
 from conformance.plugin.reports import write_reports
@@ -68,7 +68,7 @@ from strategies import CaseOptions
 from strategies.cases import Case
 from strategies.coverage import coverage_corners, describe_coverage
 
-__all__ = ["ConformanceSession", "activate", "cell_of", "make_target", "runs_tests_here"]
+__all__ = ["ConformanceSession", "activate", "cell_of", "make_target"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # conformance/
 
@@ -180,14 +180,15 @@ class ConformanceSession:
         if data is not None:
             self.author_executed.update(Executed.from_json(data))
 
-    def watch_crashes(self) -> None:
+    def watch_crashes(self, flight_dir: Path | None = None) -> None:
         """Set up what reports a test whose process dies: this process's flight recorder, fork
-        isolation (``--isolate``) and, on an xdist controller, crash reports for its workers."""
+        isolation (``--isolate``) and, on an xdist controller, crash reports for its workers
+        (whose flight records go to ``flight_dir``, already given to them)."""
         config = self.config
         workerinput = getattr(config, "workerinput", {})
         if FLIGHT_DIR_KEY in workerinput:
             flight_dir = Path(workerinput[FLIGHT_DIR_KEY])
-        else:
+        elif flight_dir is None:
             flight_dir = self.own_flight_dir = Path(tempfile.mkdtemp(prefix="conformance-flight-"))
         self.flight = FlightRecorder(flight_dir, str(workerinput.get("workerid", "main")))
         if self.is_worker:
@@ -198,8 +199,8 @@ class ConformanceSession:
             if numprocesses and getattr(config.option, "maxworkerrestart", "") is None:
                 # One restart per test that may crash its worker, so crashing Functions cannot end
                 # the run early (xdist's default is 4 per worker). Collection cannot crash-loop:
-                # this process has already imported the same --impl modules.
-                config.option.maxworkerrestart = str(4 * int(numprocesses) + len(self.possible_tests()))
+                # this process imports the same --impl modules before xdist handles any event.
+                raise_restart_budget(config, 4 * int(numprocesses) + len(self.possible_tests()))
         if self.options.isolate:
             if not hasattr(os, "fork"):
                 raise pytest.UsageError("--isolate needs os.fork, which this platform lacks; use -n 1 (pytest-xdist) instead")
@@ -406,15 +407,6 @@ class ConformanceSession:
         )
 
 
-def runs_tests_here(config: Any) -> bool:
-    """False on an xdist controller, which hands every test to a worker and only receives reports
-    (xdist's own test: a --dist mode and workers to send to, both set before pytest_configure)."""
-    if hasattr(config, "workerinput"):
-        return True
-    option = config.option
-    return getattr(option, "dist", "no") == "no" or not getattr(option, "tx", None)
-
-
 def cell_of(report: pytest.TestReport) -> tuple[tuple[str, str, str], Cell, Verdict | None] | None:
     """The matrix cell one report of a contract test makes, with the test's key and verdict; None
     for a report of another test, or a passed setup or teardown."""
@@ -521,16 +513,29 @@ def exit_without_final_collection() -> None:
         _EXIT["fast"] = True
 
 
-def activate(config: pytest.Config, values: Mapping[str, OptionValue]) -> ConformanceSession:
+def raise_restart_budget(config: Any, budget: int) -> None:
+    """Let xdist restart crashed workers ``budget`` times. xdist reads ``--max-worker-restart``
+    when it makes its DSession, in its pytest_configure; a controller activates after that (see
+    ``autograd_conformance_plugin.WorkersFirst``), so the DSession's copy is set too."""
+    config.option.maxworkerrestart = str(budget)
+    dsession = config.pluginmanager.getplugin("dsession")
+    if dsession is not None and hasattr(dsession, "_max_worker_restart"):
+        dsession._max_worker_restart = budget
+
+
+def activate(
+    config: pytest.Config, values: Mapping[str, OptionValue], *, flight_dir: Path | None = None
+) -> ConformanceSession:
     """Register this run's session (called by the start-up plugin when the run uses the suite,
-    with the option values it read)."""
+    with the option values it read, and on an xdist controller the folder its workers were told
+    to keep flight records in)."""
     exit_without_final_collection()
     session = ConformanceSession(config, parse_options(values, run_dir=Path(config.invocation_params.dir)))
     config.stash[_session_key] = session
     config.pluginmanager.register(session, "autograd-conformance-session")
     _move_hypothesis_home(config)
     session.load()
-    session.watch_crashes()
+    session.watch_crashes(flight_dir)
     return session
 
 

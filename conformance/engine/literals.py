@@ -127,10 +127,13 @@ def _is_root(name: str) -> bool:
     return name != "__main__" or (isinstance(file, str) and is_local_module_file(file))
 
 
-def source_modules(spec: Spec) -> tuple[str, ...]:
+def source_modules(spec: Spec, reached: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
     """The modules of ``spec``'s own code, by name: where it was registered, where it was defined
     (when that is local or in the registering package: not a Function of torch's), and every
-    module they reach that is local source or in the registering package."""
+    module they reach that is local source or in the registering package. ``reached`` keeps what
+    each module names across calls on the same loaded modules (the specs of one snapshot share
+    most of theirs: each source file is parsed once)."""
+    reached = {} if reached is None else reached
     registering = spec.origin if _is_root(spec.origin) else None
     package = _top(registering) if registering is not None else None
 
@@ -148,7 +151,10 @@ def source_modules(spec: Spec) -> tuple[str, ...]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reading a deprecated global warns: not the user's run
         while pending:
-            for name in _named_modules(sys.modules[pending.pop()]):
+            current = pending.pop()
+            if current not in reached:
+                reached[current] = tuple(_named_modules(sys.modules[current]))
+            for name in reached[current]:
                 if name not in found and admitted(name):
                     found.add(name)
                     pending.append(name)
@@ -160,8 +166,9 @@ def snapshot(specs: Iterable[Spec]) -> dict[str, Literals]:
     same modules share one object."""
     by_modules: dict[tuple[str, ...], Literals] = {}
     book: dict[str, Literals] = {}
+    reached: dict[str, tuple[str, ...]] = {}
     for spec in specs:
-        modules = source_modules(spec) if HOOKED else ()
+        modules = source_modules(spec, reached) if HOOKED else ()
         literals = by_modules.get(modules)
         if literals is None:
             literals = by_modules[modules] = _collect(modules)
@@ -176,7 +183,7 @@ def _collect(modules: tuple[str, ...]) -> Literals:
     # PYTHONHASHSEED picks, so the constant drawn would differ from process to process.
     constants = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(), strings=SortedSet())
     for name in modules:
-        constants = constants | constants_from_module(sys.modules[name])
+        constants = constants | constants_from_module(sys.modules[name])  # Hypothesis caches it per module
     return Literals(modules, constants, LRUCache(1024))
 
 

@@ -356,6 +356,13 @@ class WorkersFirst:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> None:
+        self.activate()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        self.activate()  # when another plugin's pytest_collection answered first
+
+    def activate(self) -> None:
         if self.activated:
             return
         self.activated = True

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import torch
 
-from autograd_conformance_plugin import runs_tests_here
+from autograd_conformance_plugin import FLIGHT_DIR_KEY, WorkersFirst, runs_tests_here
 from conformance.engine import runner
 from conformance.engine.loader import load_impls
 from conformance.engine.verdict import Verdict as RecordedVerdict
 from conformance.plugin import collection
+from conformance.plugin import session as session_module
 from conformance.plugin.collection import ContractTest, contract_test_key
 from conformance.plugin.heap import Heap
 from conformance.plugin.options import parse_options
@@ -425,6 +426,41 @@ def test_an_xdist_controller_takes_no_cpu_from_its_workers(option: dict[str, Any
     loop = ConformanceSession.pytest_runtestloop(session, None)  # type: ignore[arg-type]
     next(loop)
     assert (session.literals is kept) is not runs
+
+
+@pytest.mark.parametrize("first_step", ["pytest_collection", "pytest_runtestloop"])
+def test_a_controller_activates_once_after_its_workers_are_told_the_flight_folder(
+    first_step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WorkersFirst hands each worker (MockNode) the flight folder before the suite is activated,
+    then activates once, at whichever step comes first, with that same folder."""
+    calls: list[tuple[Any, Any, Any]] = []
+    header = ["autograd-conformance: suite in here"]
+
+    def activate(config: Any, values: Any, flight_dir: Any) -> Any:
+        calls.append((config, values, flight_dir))
+        return types.SimpleNamespace(pytest_report_header=lambda config: header)
+
+    monkeypatch.setattr(session_module, "activate", activate)
+    written: list[str] = []
+    terminal = types.SimpleNamespace(showheader=True, no_header=False, write_line=written.append)
+    cleanups: list[Any] = []
+    config = types.SimpleNamespace(
+        add_cleanup=cleanups.append, pluginmanager=types.SimpleNamespace(getplugin=lambda name: terminal)
+    )
+    values = {"impl": "reference_ops"}
+    plugin = WorkersFirst(config, values)  # type: ignore[arg-type]
+    nodes = [types.SimpleNamespace(workerinput={"workerid": f"gw{i}"}) for i in range(2)]
+    for node in nodes:
+        plugin.pytest_configure_node(node)
+    assert calls == [] and {node.workerinput[FLIGHT_DIR_KEY] for node in nodes} == {str(plugin.flight_dir)}
+    getattr(plugin, first_step)(None)
+    plugin.pytest_runtestloop(None)  # type: ignore[arg-type]
+    assert calls == [(config, values, plugin.flight_dir)] and written == header
+    assert plugin.flight_dir.is_dir()
+    for cleanup in cleanups:
+        cleanup()
+    assert not plugin.flight_dir.exists()
 
 
 class _FakeItem:

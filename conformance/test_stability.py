@@ -103,7 +103,7 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
     args = case.args()
     exact = truth(spec, case, args, names, grad_outputs)
 
-    context = f"{dtype_name}, {family} inputs ({scales})"
+    context = f"{dtype_name}, {_family_text(case, family, scales)}"
     judges_values = family == "extreme" and dtype != torch.float64 and not spec.nondeterministic
     # The baseline: where plain PyTorch (the reference in this dtype) overflows too, the dtype is
     # at fault. For finiteness it only excuses positions, so it is evaluated for a failing value
@@ -121,6 +121,19 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
             _unless_wrong_at_ordinary_magnitudes(target, case)
             fail(found.summary, found.details)
     return compared
+
+
+def _family_text(case: Case, family: str, scales: str) -> str:
+    """The family's inputs in the failure's words: a reader sees the case's shapes and scales,
+    not that its rows were made constant."""
+    if family == "degenerate":
+        masked = any(isinstance(r, MaskRecipe) for r in case.recipes)
+        return f"degenerate inputs ({scales}): every row constant along the last dim" + (
+            ", each mask with a fully masked row" if masked else ""
+        )
+    if family == "single":
+        return f"single-element inputs ({scales}): each dim at its smallest legal size"
+    return f"{family} inputs ({scales})"
 
 
 def _judged(impl: Execution, exact: Evaluated, plain: Evaluated, args: list[Any], names: list[str], context: str) -> list[Judged]:

@@ -179,6 +179,8 @@ def test_values_beyond_the_dtype_range_are_not_checked() -> None:
     nan = torch.tensor([math.inf, math.nan], dtype=torch.float16)
     found = compare_finiteness(nan, truth, torch.float16, what="output[0]", where="test")
     assert found is not None and "output[0][1]=nan, but should be finite (float64 reference: 1)" in found.summary
+    # The details list the position that differs, not the unchecked overflow at [0].
+    assert "1 / 2 (50.0%)" in found.details and "at (1,): actual nan" in found.details and "(0,)" not in found.details
 
 
 def test_where_plain_pytorch_overflows_too_the_dtype_is_at_fault() -> None:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import find
 
 from conformance.engine.probe import probe
-from conformance.engine.report import ContractFailure, describe_value, fail, mismatch_report
+from conformance.engine.report import ContractFailure, describe_value, fail, finiteness_report, mismatch_report
 from conformance.spec import registered
 from strategies.cases import cases
 from tests.conftest import REPO
@@ -36,6 +36,19 @@ def test_mismatch_report_flags_non_finite_positions() -> None:
     actual = torch.tensor([1.0, 2.0, float("inf")])
     text = mismatch_report(actual, expected, allowed=1.0)
     assert "Mismatched elements: 1 / 3" in text and "Non-finite mismatch at index (1,)" in text
+
+
+def test_finiteness_report_lists_only_the_positions_that_differ() -> None:
+    expected = torch.tensor([[1.0, -2.0, 3.0], [float("inf"), 5.0, 6.0]], dtype=torch.float64)
+    actual = torch.tensor([[1.0 + 1e-3, float("inf"), 3.0], [float("inf"), float("nan"), 6.5]], dtype=torch.float64)
+    differs = torch.isfinite(actual) != torch.isfinite(expected)
+    text = finiteness_report(actual, expected, differs)
+    assert "finiteness differs from the float64 reference: 2 / 6 (33.3%)" in text
+    assert "at (0, 1): actual inf, float64 reference -2" in text and "at (1, 1): actual nan, float64 reference 5" in text
+    # Finite differences (1e-3 at (0, 0), 0.5 at (1, 2)) are the reference contract's: not listed.
+    assert "(0, 0)" not in text and "(1, 2)" not in text and "Allowed" not in text
+    many = finiteness_report(torch.full((8,), float("inf")), torch.zeros(8), torch.ones(8, dtype=torch.bool), shown=3)
+    assert many.count("  at (") == 3 and "... and 5 more" in many
 
 
 def test_describe_value() -> None:

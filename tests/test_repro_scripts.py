@@ -123,3 +123,32 @@ def test_a_repro_script_runs_standalone_from_where_pytest_ran(zoo_run) -> None: 
     done = subprocess.run([sys.executable, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
     assert "grad['x'].dtype=torch.float32, but should be torch.float64" in done.stderr
+
+
+# Runs a repro script without its final replay() call, then the Function on the judged case.
+JUDGED_DRIVER = """
+import sys, torch
+source = open(sys.argv[1]).read()
+exec(source[: source.rindex("replay(")])
+out = spec.op.call(*judged.args())
+print("nan" if bool(torch.isnan(out).any()) else "finite")
+"""
+
+
+def test_a_derived_case_is_written_out_and_shows_the_failure(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    """stability judges a case it derived from the draws (constant rows, a fully masked row): the
+    script writes that case as ``judged``, and the Function returns NaN on its tensors."""
+    run = zoo_run("numeric_bugs")
+    verdict = run.verdict("stability", "masked_attention_nan_rows")
+    assert "degenerate inputs" in verdict.text and "each mask with a fully masked row" in verdict.text, verdict.text
+    script = Path(verdict.recorded.repro)
+    source = script.read_text()
+    judged = source[source.index("\njudged = Case("):]
+    assert "mask_kind='masked_rows'" in judged and "constant_rows=True" in judged, judged
+    assert "args = judged.args()" in source
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", JUDGED_DRIVER, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "nan", done.stdout

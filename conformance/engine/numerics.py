@@ -49,7 +49,7 @@ import torch
 from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, fresh
 from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
-from conformance.engine.report import ContractFailure, mismatch_report
+from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from strategies.cases import Case
 
@@ -419,7 +419,7 @@ def compare_finiteness(
             f"{what}[{', '.join(map(str, index))}]={got}, but should be {want} like the float64 reference; "
             f"{count} of {bad.numel()} non-finite positions differ [{where}]"
         )
-    details = mismatch_report(_shown(actual64, truth64, checked), truth64, allowed=math.inf)
+    details = finiteness_report(actual64, truth64, bad)
     return Comparison(summary, details)
 
 

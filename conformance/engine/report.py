@@ -28,6 +28,7 @@ __all__ = [
     "current_context",
     "describe_value",
     "fail",
+    "finiteness_report",
     "mismatch_report",
     "upstream",
     "user_frames",
@@ -212,6 +213,24 @@ def mismatch_report(actual: torch.Tensor, expected: torch.Tensor, *, allowed: fl
     if baseline is not None:
         lines.append(f"Baseline error (reference in the same dtype): {baseline:.6g}")
     lines.append(f"Allowed: {allowed:.6g}" if math.isfinite(allowed) else "Allowed: inf")
+    return "\n".join(lines)
+
+
+def finiteness_report(actual: torch.Tensor, expected: torch.Tensor, differs: torch.Tensor, *, shown: int = 5) -> str:
+    """Where ``actual`` and the float64 ``expected`` differ in finiteness (``differs``): the count
+    and the first ``shown`` positions with both values. Differences between finite values are the
+    reference contract's to report, so none are listed here."""
+    total = differs.numel()
+    positions = differs.reshape(-1).nonzero().reshape(-1).tolist()
+    share = 100.0 * len(positions) / total if total else 0.0
+    lines = [f"Positions whose finiteness differs from the float64 reference: {len(positions)} / {total} ({share:.1f}%)"]
+    flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
+    for flat in positions[:shown]:
+        lines.append(
+            f"  at {_index(flat, actual.shape)}: actual {float(flat_actual[flat])}, float64 reference {float(flat_expected[flat]):.6g}"
+        )
+    if len(positions) > shown:
+        lines.append(f"  ... and {len(positions) - shown} more")
     return "\n".join(lines)
 
 

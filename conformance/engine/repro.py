@@ -222,16 +222,26 @@ def write_script(
     draws: Sequence[tuple[str | None, Any]],
     summary: str,
     run_dir: Path,
+    judged: Case | None = None,
 ) -> Path:
     """Write the repro script of one failing example to ``path``; returns it.
 
     ``run_dir`` is the directory pytest ran in: the script is meant to be run from there, and
     puts it first on ``sys.path`` (as ``python -m pytest`` does) so ``impl`` imports the same way.
+    ``judged`` is the case the failing check judged: written out too when the contract derived it
+    from the draws (constant rows, one extreme input, larger sizes), so its tensors can be looked at.
     Raises :class:`ReproUnavailable` when a draw cannot be written as source.
     """
     draw_lines = []
     for label, value in draws:
         draw_lines.append(f"    ({label!r}, {_indent(to_source(value))}),")
+    judged_source = _derived_case_source(judged, draws)
+    if judged_source:
+        look = ("The check judged `judged` (below), which the contract derived from the draws; to look at\n"
+                "its tensors: args = judged.args(); out = spec.op.call(*args).")
+    else:
+        look = ("To look at the tensors yourself, take a `Case(...)` of `draws` as `case`:\n"
+                "args = case.args(); out = spec.op.call(*args); grads = case.grad_outputs([out]).")
     suite_parent = Path(__file__).resolve().parents[2]
     sys_path = ["os.getcwd()"]
     if not {"site-packages", "dist-packages"} & set(suite_parent.parts):
@@ -247,8 +257,8 @@ Run it from {_docstring_safe(str(run_dir))} (where pytest ran):
 
 It rebuilds the failing example (inputs, grad_outputs, layouts) and runs the same contract
 check once: exit 1 and the contract's message while the defect is there, exit 0 once fixed,
-exit 2 when the check cannot run here. To look at the tensors yourself, after `case = ...`:
-args = case.args(); out = spec.fn.apply(*args); grads = case.grad_outputs([out]).
+exit 2 when the check cannot run here.
+{look}
 """
 import os
 import sys
@@ -267,13 +277,24 @@ spec = load_spec({impl!r}, {spec_name!r})
 draws = [
 {chr(10).join(draw_lines)}
 ]
-
+{judged_source}
 replay(spec, {contract!r}, device={device!r}, draws=draws, impl={impl!r})
 '''
     compile(body, str(path), "exec")  # a script that does not parse is a bug here, not the user's
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(body)
     return path
+
+
+def _derived_case_source(judged: Case | None, draws: Sequence[tuple[str | None, Any]]) -> str:
+    """``judged = Case(...)`` (with a blank line before it) when the judged case is none of the
+    drawn ones; "" when it is one, is unknown, or has no source form (the replay needs only the draws)."""
+    if judged is None or any(isinstance(value, Case) and value == judged for _, value in draws):
+        return ""
+    try:
+        return f"\n# The case the failing check judged, derived by the contract from the draws above.\njudged = {to_source(judged)}\n"
+    except ReproUnavailable:
+        return ""
 
 
 def _indent(text: str) -> str:
@@ -301,6 +322,7 @@ def attach_script(
     impl: str,
     draws: Sequence[tuple[str | None, Any]],
     run_dir: Path,
+    judged: Case | None = None,
 ) -> str:
     """Write the repro script of ``failure``'s example into ``directory`` and name it in the
     failure's report; return its path, or ``""`` when it cannot be written (the report then keeps
@@ -309,7 +331,7 @@ def attach_script(
     try:
         write_script(
             path, contract=contract, spec_name=spec_name, device=device, impl=impl, draws=draws,
-            summary=failure.summary, run_dir=run_dir,
+            summary=failure.summary, run_dir=run_dir, judged=judged,
         )
     except (ReproUnavailable, OSError) as error:
         failure.head += f"\n  (no repro script: {error})"

@@ -576,6 +576,7 @@ class Target:
         return attach_script(
             failure, self.repro_dir, contract=self.contract, spec_name=self.spec.name, device=self.device,
             impl=self.options.impl, draws=self.last_draws, run_dir=self.run_dir or Path.cwd(),
+            judged=self.context.case if self.context is not None else None,
         )
 
     def _case_text(self) -> str:

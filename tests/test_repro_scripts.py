@@ -12,11 +12,17 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
+from conformance.engine.repro import _same_case, write_script
+from conformance.spec import registered
+from strategies.cases import Case
+from strategies.recipes import ScalarRecipe, TensorRecipe
 from tests.conftest import REPO
 
 # The zoo runs whose failures are replayed (every one has failures).
@@ -152,3 +158,19 @@ def test_a_derived_case_is_written_out_and_shows_the_failure(zoo_run) -> None:  
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "nan", done.stdout
+
+
+def test_a_repro_script_writes_the_judged_case_only_when_it_was_derived(tmp_path: Path) -> None:
+    spec = next(s for s in registered() if s.name == "square")
+    drawn = Case(spec=spec, device="cpu", dtype=torch.float32, sizes={"n": 3}, batches={"batch": ()},
+                 recipes=(TensorRecipe("x", shape=(3,), seed=1),), requires_grad=frozenset({"x"}))
+    derived = replace(drawn, recipes=(replace(drawn.recipes[0], constant_rows=True),))
+    common = dict(contract="stability", spec_name="square", device="cpu", impl="m.py", draws=[("case", drawn)], summary="s", run_dir=tmp_path)
+    assert "judged = " not in write_script(tmp_path / "a.py", judged=drawn, **common).read_text()  # type: ignore[arg-type]
+    assert "judged = " not in write_script(tmp_path / "b.py", judged=None, **common).read_text()  # type: ignore[arg-type]
+    source = write_script(tmp_path / "c.py", judged=derived, **common).read_text()  # type: ignore[arg-type]
+    assert "judged = Case(" in source and "constant_rows=True" in source and "args = judged.args()" in source
+    # A Scalar holding a tensor cannot be compared as a whole: such cases count as different, no error.
+    with_tensor = replace(drawn, recipes=(*drawn.recipes, ScalarRecipe("w", value=torch.tensor([0.5, 1.0]))))
+    other = replace(drawn, recipes=(*drawn.recipes, ScalarRecipe("w", value=torch.tensor([0.5, 1.0]))))
+    assert _same_case(with_tensor, with_tensor) and not _same_case(with_tensor, other)

@@ -229,7 +229,7 @@ def write_script(
     ``run_dir`` is the directory pytest ran in: the script is meant to be run from there, and
     puts it first on ``sys.path`` (as ``python -m pytest`` does) so ``impl`` imports the same way.
     ``judged`` is the case the failing check judged: written out too when the contract derived it
-    from the draws (constant rows, one extreme input, larger sizes), so its tensors can be looked at.
+    from the draws (constant rows, one extreme input), so its tensors can be looked at.
     Raises :class:`ReproUnavailable` when a draw cannot be written as source.
     """
     draw_lines = []
@@ -289,12 +289,21 @@ replay(spec, {contract!r}, device={device!r}, draws=draws, impl={impl!r})
 def _derived_case_source(judged: Case | None, draws: Sequence[tuple[str | None, Any]]) -> str:
     """``judged = Case(...)`` (with a blank line before it) when the judged case is none of the
     drawn ones; "" when it is one, is unknown, or has no source form (the replay needs only the draws)."""
-    if judged is None or any(isinstance(value, Case) and value == judged for _, value in draws):
+    if judged is None or any(isinstance(value, Case) and _same_case(value, judged) for _, value in draws):
         return ""
     try:
         return f"\n# The case the failing check judged, derived by the contract from the draws above.\njudged = {to_source(judged)}\n"
     except ReproUnavailable:
         return ""
+
+
+def _same_case(drawn: Case, judged: Case) -> bool:
+    """Equal cases; a Scalar holding an array or tensor compares elementwise, so cases that cannot
+    be told equal that way count as different (the judged one is then written out too)."""
+    try:
+        return drawn is judged or bool(drawn == judged)
+    except (ValueError, RuntimeError, TypeError):
+        return False
 
 
 def _indent(text: str) -> str:

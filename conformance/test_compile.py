@@ -450,7 +450,7 @@ def _recompile_finding(target: Target, backend: str, calls: list[Case], variants
     if "dynamic" in target.spec.compile_promises:
         fail(summary.replace("but should reuse one", "but the spec promises compile='dynamic' and should reuse one"), *details)
     advise(
-        summary.replace(", but should reuse one", "; performance advice: it could reuse one"),
+        summary.replace(", but should reuse one", "; performance advice: unless its structure depends on the size, it would reuse one"),
         *details,
         "Where the structure really depends on the size (scan levels, block counts), this is by design; "
         "register(..., compile='dynamic') makes it a failure for a Function that promises one graph.",

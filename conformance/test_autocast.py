@@ -156,18 +156,30 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
             _autocast_advice(spec.fn, device),
         )
     raw = recorder.last.raw or ()
-    for position in wrt:
-        value = raw[position] if position < len(raw) else None
-        if isinstance(value, torch.Tensor) and _loses_precision(value.dtype, args[position].dtype):
+    narrow = [
+        p for p in wrt
+        if p < len(raw) and isinstance(raw[p], torch.Tensor) and _loses_precision(raw[p].dtype, args[p].dtype)
+    ]
+    grads = dict(zip([names[p] for p in wrt], found))
+
+    def narrow_dtype_finding(truth: Evaluated | None) -> None:
+        """A gradient returned narrower than its input fails where that lost precision: unless it
+        equals the float64 truth rounded to the input's dtype (a pass-through of a bfloat16
+        grad_output, as torch's own add_ returns for a float32 ``other``), bit for bit."""
+        for position in narrow:
+            name, dtype = names[position], args[position].dtype
+            want, got = truth.grads.get(name) if truth is not None else None, grads[name]
+            if want is not None and got is not None and torch.equal(got.to(torch.float64), want.to(dtype).to(torch.float64)):
+                continue
             _also_without_autocast(target, case)
             fail(
-                f"grad[{names[position]!r}].dtype={str(value.dtype).removeprefix('torch.')} as backward returned it, but should be "
-                f"{str(args[position].dtype).removeprefix('torch.')} ({names[position]}'s dtype) or wider [{spec.display_name}.backward, {where}]",
+                f"grad[{name!r}].dtype={str(raw[position].dtype).removeprefix('torch.')} as backward returned it, but should be "
+                f"{str(dtype).removeprefix('torch.')} ({name}'s dtype) or wider [{spec.display_name}.backward, {where}]",
                 "The engine casts it back to the input's dtype without a word, after the precision is lost: return "
-                f"grad.to({names[position]}.dtype) (pytorch #87979).",
+                f"grad.to({name}.dtype) (pytorch #87979).",
                 f"raw gradients: {', '.join(describe_value(v) for v in raw)}",
             )
-    grads = dict(zip([names[p] for p in wrt], found))
+
     pristine = build(case)
     def under_autocast(moved: Sequence[Any], moved_grads: Mapping[int, torch.Tensor]) -> tuple[Evaluated, Evaluated]:
         # The baseline: the reference under the same autocast, backward outside it.
@@ -180,8 +192,10 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     try:
         baseline, truth = under_autocast(pristine, pristine_grads)
     except Exception as error:
+        narrow_dtype_finding(None)  # without a truth, a narrower gradient is taken to have lost precision
         target.not_checked(f"the spec's reference does not run under autocast with these inputs ({type(error).__name__})")
         return
+    narrow_dtype_finding(truth)
     values = _judged_outputs(outputs, truth, baseline, where)
     values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
     budget = "Budget: the reference's own error under the same autocast."

@@ -265,7 +265,7 @@ def _diagnose(
         constants = [
             f"saved_tensors[{k}] {tuple(t.shape)} {t.dtype}"
             for k, t in enumerate(recorder.last.saved_tensors)
-            if t.is_floating_point() and not t.requires_grad and not any(_same_data(t, a) for a in args)
+            if t is not None and t.is_floating_point() and not t.requires_grad and not any(_same_data(t, a) for a in args)
         ]
         if constants:
             return (

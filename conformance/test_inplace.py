@@ -280,6 +280,8 @@ def _check_backward_record(
             "A tensor passed to ctx.save_for_backward was modified in place afterwards.",
         )
     for position, (now, then) in enumerate(zip(call.saved_tensors, call.saved_before)):
+        if now is None or then is None:
+            continue  # ctx.save_for_backward(x, None): nothing was saved there
         count = changed_elements(now, then)
         if count:
             fail(

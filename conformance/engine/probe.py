@@ -34,8 +34,8 @@ class BackwardCall:
     grad_outputs: tuple[Any, ...] = ()
     grad_outputs_before: tuple[Any, ...] = ()
     needs_input_grad: tuple[bool, ...] = ()
-    saved_tensors: tuple[torch.Tensor, ...] = ()
-    saved_before: tuple[torch.Tensor, ...] = ()
+    saved_tensors: tuple[torch.Tensor | None, ...] = ()  # None where ctx.save_for_backward got None
+    saved_before: tuple[torch.Tensor | None, ...] = ()
     saved_error: BaseException | None = None
     # Tensors and buffers on ctx attributes, at any depth (described, not kept), as backward began.
     ctx_held: list[Held] = field(default_factory=list)

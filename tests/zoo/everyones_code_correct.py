@@ -23,7 +23,13 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   backward through its inverse (argsort). The permutation is an integer ``Derived`` input (a
   precondition ``Index`` cannot state: ``Index`` draws repeats, where "the inverse" is wrong).
 * ``scale_optional_bias`` (ScaleOptionalBias, class 12): y = 2x + bias with ``bias=None`` allowed,
-  passed as None through ``Scalar("bias", None)``.
+  passed as None through ``Scalar("bias", None)``, and ``ctx.save_for_backward(bias)`` saving that
+  None. inplace once crashed comparing the saved None with its copy.
+* ``add_into_inplace`` (AddIntoInplace, class 3): y += x in place with ``mark_dirty``, backward
+  passing grad_output through to both. Under autocast y comes in bfloat16 and x in float32, and
+  the gradient for x is grad_output itself, in bfloat16, as torch's own ``y.add_(x)`` returns it;
+  it loses nothing (the engine's cast to float32 is exact). autocast once failed it for the
+  narrower dtype alone.
 * ``sparsemax`` (Sparsemax, class 8): sparsemax over the last dim, float32 compute for half
   types as a kernel accumulates; backward from the support of the output. In bfloat16 an element within
   one rounding step of the threshold may leave the support, where the gradient jumps by O(1): the
@@ -228,12 +234,13 @@ register(
 class ScaleOptionalBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.has_bias = bias is not None
+        ctx.save_for_backward(bias)  # None when there is no bias: legal, and saved as None
         return 2 * x + bias if bias is not None else 2 * x
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return 2 * grad, (grad if ctx.has_bias else None)
+        (bias,) = ctx.saved_tensors
+        return 2 * grad, (grad if bias is not None else None)
 
 
 register(
@@ -342,4 +349,24 @@ register(
     inputs=[Tensor("x", "*batch d"), Scalar("eps", 1e-6)],
     reference=lambda x, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps),
     dtypes=(torch.float64, torch.float32),
+)
+
+
+class AddIntoInplace(torch.autograd.Function):
+    """y += x in place (``mark_dirty``), backward passing grad_output through to both inputs."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y.add_(x)
+        ctx.mark_dirty(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad
+
+
+register(
+    AddIntoInplace, name="add_into_inplace", inputs=[Tensor("y", "*batch n"), Tensor("x", "*batch n")],
+    reference=lambda y, x: y + x, mutates=("y",), dtypes=(torch.float64, torch.float32, torch.bfloat16),
 )

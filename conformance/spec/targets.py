@@ -300,6 +300,13 @@ def adapt(target: Any) -> OpAdapter:
     op = _custom_op_def(target)
     if op is not None:
         if op._backward_fn is None:
+            written = [a.name for a in op._opoverload._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+            if written:  # torch refuses register_autograd on an op that mutates its arguments
+                raise TypeError(
+                    f"custom op {op._qualname} has no autograd formula, and torch gives none to an op that mutates its "
+                    f"arguments ({', '.join(written)}): register a torch.autograd.Function whose forward calls it "
+                    "(ctx.mark_dirty on the arguments it writes) instead, with mutates=(...) naming them"
+                )
             raise TypeError(
                 f"custom op {op._qualname} has no autograd formula: call "
                 f"{getattr(op._init_fn, '__name__', 'op')}.register_autograd(backward, setup_context=...) before register()"

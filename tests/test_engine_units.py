@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+import conformance
 from conformance.engine.defects import BackwardError, Blocked, forward_defect, require_sound, structural_defects
 from conformance.engine.evaluate import unversioned_saves
-from conformance.engine.harness import Execution
+from conformance.engine.harness import Execution, changed_elements
 from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
 from conformance.engine.numerics import exactly_equal
 from conformance.engine.probe import BackwardCall, Recorder, forget_probe_classes, probe, record_into
@@ -1030,3 +1031,30 @@ def test_the_budgets_quick_accept_never_accepts_what_the_full_rule_rejects() -> 
         assert with_shortcut or not quick
 
     agrees()
+
+
+def test_an_error_from_the_suites_own_code_is_worded_as_the_suites_not_the_functions() -> None:
+    """An error no frame of the user's code raised (here a suite helper misused, as inplace once
+    did on a saved None) is reported as the suite's bug, naming where; an error from other code
+    keeps the plain wording."""
+    def run(check: Any) -> str:
+        target = Target(spec=make_spec([Tensor("x", "n")]), device="cpu", options=RunOptions(profile_settings={"max_examples": 2}))
+        with pytest.raises(ContractFailure) as caught:
+            target.run(check)
+        return str(caught.value)
+
+    # A contract's check, as if in conformance/ (its code's file name is there), misusing a helper.
+    namespace: dict[str, Any] = {"changed_elements": changed_elements}
+    source = "def suite_bug(target, data):\n    changed_elements(None, None)\n"
+    exec(compile(source, str(Path(conformance.__file__).parent / "test_a_contract.py"), "exec"), namespace)
+    suite_bug = namespace["suite_bug"]
+
+    def own_bug(target: Target, data: Any) -> None:
+        raise ValueError("raised here, outside the suite")
+
+    text = run(suite_bug)
+    assert "AttributeError raised inside autograd-conformance's own code while checking this contract" in text, text
+    assert "conformance/engine/harness.py:" in text and "most likely a bug of the suite" in text
+    other = run(own_bug)
+    assert "ValueError raised while checking this contract" in other and "own code" not in other, other
+    assert "test_engine_units.py" in other  # the frame outside the suite is shown

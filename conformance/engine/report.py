@@ -30,6 +30,7 @@ __all__ = [
     "fail",
     "finiteness_report",
     "mismatch_report",
+    "suite_frame",
     "upstream",
     "user_frames",
 ]
@@ -234,13 +235,30 @@ def finiteness_report(actual: torch.Tensor, expected: torch.Tensor, differs: tor
     return "\n".join(lines)
 
 
+SUITE_PARTS = ("/conformance/", "/strategies/")
+LIBRARY_PARTS = ("/hypothesis/", "/torch/")
+
+
 def user_frames(error: BaseException, limit: int = 4) -> str:
     """The innermost frames of ``error``'s traceback outside this suite, Hypothesis and torch:
     where in the user's code it was raised."""
     frames = [
         f for f in traceback.extract_tb(error.__traceback__)
-        if not any(part in f.filename for part in ("/conformance/", "/hypothesis/", "/torch/", "/strategies/"))
+        if not any(part in f.filename for part in SUITE_PARTS + LIBRARY_PARTS)
     ]
     if not frames:
         return ""
     return "raised at:\n" + "".join(traceback.format_list(frames[-limit:])).rstrip()
+
+
+def suite_frame(error: BaseException) -> str:
+    """``file:line`` in this suite where ``error`` came from, when no frame of the user's code is
+    in its traceback and its innermost frame outside torch and Hypothesis is the suite's: a bug of
+    the suite, not a finding about the Function. "" otherwise."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if any(not any(part in f.filename for part in SUITE_PARTS + LIBRARY_PARTS) for f in frames):
+        return ""
+    ours = [f for f in frames if not any(part in f.filename for part in LIBRARY_PARTS)]
+    if not ours or not any(part in ours[-1].filename for part in SUITE_PARTS):
+        return ""
+    return f"{ours[-1].filename}:{ours[-1].lineno}"

@@ -59,6 +59,7 @@ from conformance.engine.report import (
     fail,
     reset_context,
     set_context,
+    suite_frame,
     user_frames,
 )
 from conformance.engine.repro import DrawRecorder, ReplayData, ReplayMismatch, attach_script
@@ -701,6 +702,16 @@ class Target:
                 if self._interpreter_limited(error):
                     return
                 self._crashed_in_user_code(error, phase(_innermost_frame(error)))
+                internal = suite_frame(error)
+                if internal:
+                    fail(
+                        f"{type(error).__name__} raised inside autograd-conformance's own code while checking this contract, "
+                        f"not in {self.spec.display_name}'s [{internal}]",
+                        f"{type(error).__name__}: {error}",
+                        "No frame of the Function's code is in the traceback: most likely a bug of the suite (or a "
+                        "reference that is a torch function refusing the drawn case), not a finding about the Function. "
+                        "Please report it with the traceback (--tb=long).",
+                    )
                 fail(
                     f"{type(error).__name__} raised while checking this contract [{self.spec.display_name}]",
                     f"{type(error).__name__}: {error}",

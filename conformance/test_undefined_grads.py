@@ -50,9 +50,10 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
     subsets = _used_subsets(differentiable_positions(outputs), n_tensor_outputs)
     if not subsets:
         if n_tensor_outputs <= 1:
+            others = " (its other outputs are not tensors)" if len(outputs) > 1 else ""
             target.not_checked(
-                f"{target.spec.name!r} has a single output: an unused sole output means backward is never "
-                "called, so no grad_output can be undefined"
+                f"{target.spec.name!r} has a single tensor output{others}: an unused sole output means backward is "
+                "never called, so no grad_output can be undefined"
             )
         else:
             target.not_checked(why_no_backward(execution))

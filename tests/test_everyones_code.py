@@ -98,3 +98,10 @@ def test_a_numpy_output_function_compiles_and_its_compile_only_twin_fails(confor
     run = conformance_run(ZOO / "everyones_code_bugs.py", "-k", "row_norms_numpy_compiled", contracts=("compile",))
     text = run.failed("compile", "row_norms_numpy_compiled")
     assert "compiled output[0] != reference (eager is within it)" in text and "assert_close" in text, text
+
+
+def test_a_sole_tensor_output_beside_non_tensor_outputs_is_named_so(correct) -> None:  # type: ignore[no-untyped-def]
+    # row_norms_numpy returns a tensor and a numpy array: undefined_grads has nothing to leave unused.
+    verdict = correct.verdict("undefined_grads", "row_norms_numpy")
+    assert verdict.recorded.outcome is Outcome.NOT_APPLICABLE
+    assert "has a single tensor output (its other outputs are not tensors)" in verdict.recorded.reason, verdict.recorded.reason

@@ -23,7 +23,7 @@ from tests.conftest import ZOO
 from tests.zoo_runs import CORE, MEMORY_BEHAVIOUR
 
 BEHAVIOUR = MEMORY_BEHAVIOUR
-SINGLE_OUTPUT_SKIP = "has a single output"
+SINGLE_OUTPUT_SKIP = "has a single tensor output"
 # unneeded_grads has nothing to check when one input is differentiable: backward only runs when
 # that input needs its gradient.
 ONE_DIFFERENTIABLE_SKIP = "is the only differentiable input"

@@ -21,7 +21,7 @@ BACKWARD = ("return_count", "grad_meta", "saved_tensors", "gradcheck", "gradgrad
 NO_DIFFERENTIABLE_INPUT = "declares no differentiable input"
 NO_SAVES_PROMISE = "makes no promise about what forward keeps for backward"
 NOTHING_ALLOCATED = "made no uninitialised allocation"
-SINGLE_OUTPUT = "has a single output"
+SINGLE_OUTPUT = "has a single tensor output"
 CPU_ID = "devices compares cpu against cuda"
 
 

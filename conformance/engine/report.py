@@ -239,13 +239,14 @@ SUITE_PARTS = ("/conformance/", "/strategies/")
 LIBRARY_PARTS = ("/hypothesis/", "/torch/")
 
 
+def _within(frame: traceback.FrameSummary, parts: tuple[str, ...]) -> bool:
+    return any(part in frame.filename for part in parts)
+
+
 def user_frames(error: BaseException, limit: int = 4) -> str:
     """The innermost frames of ``error``'s traceback outside this suite, Hypothesis and torch:
     where in the user's code it was raised."""
-    frames = [
-        f for f in traceback.extract_tb(error.__traceback__)
-        if not any(part in f.filename for part in SUITE_PARTS + LIBRARY_PARTS)
-    ]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _within(f, SUITE_PARTS + LIBRARY_PARTS)]
     if not frames:
         return ""
     return "raised at:\n" + "".join(traceback.format_list(frames[-limit:])).rstrip()
@@ -256,9 +257,9 @@ def suite_frame(error: BaseException) -> str:
     in its traceback and its innermost frame outside torch and Hypothesis is the suite's: a bug of
     the suite, not a finding about the Function. "" otherwise."""
     frames = traceback.extract_tb(error.__traceback__)
-    if any(not any(part in f.filename for part in SUITE_PARTS + LIBRARY_PARTS) for f in frames):
+    if any(not _within(f, SUITE_PARTS + LIBRARY_PARTS) for f in frames):
         return ""
-    ours = [f for f in frames if not any(part in f.filename for part in LIBRARY_PARTS)]
-    if not ours or not any(part in ours[-1].filename for part in SUITE_PARTS):
+    ours = [f for f in frames if not _within(f, LIBRARY_PARTS)]
+    if not ours or not _within(ours[-1], SUITE_PARTS):
         return ""
     return f"{ours[-1].filename}:{ours[-1].lineno}"

@@ -20,10 +20,11 @@ import torch
 
 from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
 from conformance.engine.repro import _same_case, write_script
-from conformance.spec import registered
+from conformance.spec import Tensor
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe, TensorRecipe
 from tests.conftest import REPO
+from tests.strategies.helpers import make_spec
 
 # The zoo runs whose failures are replayed (every one has failures).
 REPLAYED_RUNS = (
@@ -161,11 +162,11 @@ def test_a_derived_case_is_written_out_and_shows_the_failure(zoo_run) -> None:  
 
 
 def test_a_repro_script_writes_the_judged_case_only_when_it_was_derived(tmp_path: Path) -> None:
-    spec = next(s for s in registered() if s.name == "square")
+    spec = make_spec([Tensor("x", "n")])  # its own spec: the registry holds whatever was imported before
     drawn = Case(spec=spec, device="cpu", dtype=torch.float32, sizes={"n": 3}, batches={"batch": ()},
                  recipes=(TensorRecipe("x", shape=(3,), seed=1),), requires_grad=frozenset({"x"}))
     derived = replace(drawn, recipes=(replace(drawn.recipes[0], constant_rows=True),))
-    common = dict(contract="stability", spec_name="square", device="cpu", impl="m.py", draws=[("case", drawn)], summary="s", run_dir=tmp_path)
+    common = dict(contract="stability", spec_name=spec.name, device="cpu", impl="m.py", draws=[("case", drawn)], summary="s", run_dir=tmp_path)
     assert "judged = " not in write_script(tmp_path / "a.py", judged=drawn, **common).read_text()  # type: ignore[arg-type]
     assert "judged = " not in write_script(tmp_path / "b.py", judged=None, **common).read_text()  # type: ignore[arg-type]
     source = write_script(tmp_path / "c.py", judged=derived, **common).read_text()  # type: ignore[arg-type]

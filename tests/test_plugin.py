@@ -219,6 +219,32 @@ def test_no_hypothesis_folder_in_the_project(pytester: pytest.Pytester, monkeypa
         assert any((pytester.path / ".pytest_cache" / "d" / "autograd-conformance-hypothesis").rglob("*"))
 
 
+def test_a_worker_without_a_cache_keeps_hypothesis_files_in_its_controllers_folder(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed by a crashing Function never runs its clean-up: its Hypothesis folder is in
+    the flight folder its controller removes (each crash under -n left a temporary folder)."""
+    from hypothesis import configuration
+
+    monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
+    made: list[str] = []
+    monkeypatch.setattr(session_module.tempfile, "TemporaryDirectory", lambda **kwargs: made.append("scratch"))
+    cleanups: list[Any] = []
+    config = types.SimpleNamespace(add_cleanup=cleanups.append, workerinput={FLIGHT_DIR_KEY: str(tmp_path), "workerid": "gw3"})
+    def home() -> Any:
+        return vars(configuration).get("__hypothesis_home_directory")
+
+    before = home()
+    session_module._move_hypothesis_home(config)  # type: ignore[arg-type]
+    try:
+        assert home() == tmp_path / "hypothesis-gw3"
+        assert (tmp_path / "hypothesis-gw3").is_dir() and made == []
+    finally:
+        for cleanup in reversed(cleanups):
+            cleanup()
+    assert home() == before
+
+
 THREAD_SPEC = textwrap.dedent(
     """
     import torch

@@ -460,7 +460,10 @@ def _move_hypothesis_home(config: pytest.Config) -> None:
     """Keep Hypothesis's home folder (its cache of the constants it finds in source files) out of
     the user's project: `.hypothesis/` in the current directory by default, although the suite
     uses no example database. It goes into pytest's cache, else a temporary folder removed after
-    the run; HYPOTHESIS_STORAGE_DIRECTORY, when set, is left to decide."""
+    the run; HYPOTHESIS_STORAGE_DIRECTORY, when set, is left to decide. An xdist worker without a
+    cache uses a folder inside the one its controller gave it for flight records: the controller
+    removes that one after the run, also when a crashing Function killed the worker (whose own
+    clean-up never runs)."""
     if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         return
     from hypothesis import configuration
@@ -472,6 +475,10 @@ def _move_hypothesis_home(config: pytest.Config) -> None:
             home = Path(cache.mkdir("autograd-conformance-hypothesis"))
         except OSError:
             home = None
+    workerinput = getattr(config, "workerinput", {})
+    if home is None and FLIGHT_DIR_KEY in workerinput:
+        home = Path(workerinput[FLIGHT_DIR_KEY]) / f"hypothesis-{workerinput.get('workerid', 'worker')}"
+        home.mkdir(exist_ok=True)
     if home is None:
         scratch = tempfile.TemporaryDirectory(prefix="autograd-conformance-hypothesis-")
         config.add_cleanup(scratch.cleanup)

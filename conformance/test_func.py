@@ -57,10 +57,15 @@ def sample(case: Case, index: int) -> Case:
 
 
 def _draw_in_dims(data: st.DataObject, case: Case, args: list[Any]) -> list[int | None]:
+    """Each floating input's batch dim. The simplest draw, which every coverage corner makes, is
+    the most telling one: the first input batched last, the others unbatched. A rule that assumes
+    the batch dim is first, returns the wrong out_dims or ignores an unbatched input fails on it
+    (with None first for every input, corners drew in_dims=(0, None, ...) only)."""
     candidates = [i for i, (r, a) in enumerate(zip(case.recipes, args)) if isinstance(r, FloatingRecipe) and isinstance(a, torch.Tensor)]
     in_dims: list[int | None] = [None] * len(args)
-    for position in candidates:
-        choices = [None, *range(args[position].dim() + 1)]
+    for order, position in enumerate(candidates):
+        dims = list(range(args[position].dim() + 1))
+        choices = [*reversed(dims), None] if order == 0 else [None, *dims]
         in_dims[position] = data.draw(st.sampled_from(choices), label=f"vmap in_dim of {case.recipes[position].name}")
     if candidates and all(in_dims[p] is None for p in candidates):
         in_dims[candidates[0]] = 0

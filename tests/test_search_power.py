@@ -30,6 +30,8 @@ CORNER_BUGS = {
     "row_blocks_last_only": ("reference", "x: tensor(17, 1)"),
     # The same corner computes every gradient (every input requires grad there): dx's tail rows.
     "row_tail_unwritten": ("unwritten_memory", "x: tensor(17, 1)"),
+    # The simplest vmap draw batches the first input last (every corner makes it).
+    "vmap_out_dims_where_it_came_in": ("func", "in_dims=(1, None)"),
 }
 
 

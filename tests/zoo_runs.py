@@ -10,7 +10,7 @@ CORE = ("return_count", "grad_meta", "gradcheck")
 DERIVATIVE_BEHAVIOUR = ("gradgradcheck", "layouts", "determinism", "devices")
 MEMORY_BEHAVIOUR = ("needs_input_grad", "unneeded_grads", "inplace", "saved_tensors", "undefined_grads")
 NUMERIC = ("reference", "stability")
-CORNER_OWNERS = ("return_count", "reference", "gradcheck", "unwritten_memory")
+CORNER_OWNERS = ("return_count", "reference", "gradcheck", "unwritten_memory", "func")
 TRITON_BUG_CONTRACTS = ("return_count", "grad_meta", "inplace", "gradcheck", "reference")
 # return_count: the forward runs under the interpreter; inplace and unneeded_grads: the twins.
 TRITON_SCALAR_NORM_CONTRACTS = ("return_count", "reference", "gradcheck", "inplace", "unneeded_grads")

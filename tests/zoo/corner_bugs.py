@@ -534,3 +534,48 @@ class RowTailScaleOk(RowTailScale):
 
 for _function, _name in ((RowTailScale, "row_tail_unwritten"), (RowTailScaleOk, "row_tail_unwritten_ok")):
     register(_function, name=_name, inputs=ROWS, reference=lambda x, w: x * w, dtypes=FLOATS)
+
+
+# 15. a row scale with a hand-written vmap rule that moves the batch dim to the front, computes, and
+# then declares the output's batch dim to be where the input's came in (seen by a new user's trial:
+# every coverage corner drew the batch dim first, in_dims=(0, None), where that is right)
+
+
+def _row_scale_vmap(out_dims_from_input: bool):  # type: ignore[no-untyped-def]
+    def vmap(info: Any, in_dims: tuple[int | None, int | None], x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, int]:
+        x_dim, w_dim = in_dims
+        x = x.movedim(x_dim, 0) if x_dim is not None else x.unsqueeze(0)
+        if w_dim is not None:
+            w = w.movedim(w_dim, 0)
+            w = w.reshape(info.batch_size, *[1] * (x.dim() - 2), w.shape[-1])
+        out = x * w  # the batch dim is first now
+        return out, (x_dim if x_dim is not None else 0) if out_dims_from_input else 0  # the bug: where it came in
+
+    return staticmethod(vmap)
+
+
+class RowScaleVmapRule(torch.autograd.Function):
+    """y = x * w over the last dim, setup_context style, with a hand-written vmap rule."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * w
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).reshape(-1, x.shape[-1]).sum(0)
+
+    vmap = _row_scale_vmap(True)
+
+
+class RowScaleVmapRuleOk(RowScaleVmapRule):
+    vmap = _row_scale_vmap(False)
+
+
+for _function, _name in ((RowScaleVmapRule, "vmap_out_dims_where_it_came_in"), (RowScaleVmapRuleOk, "vmap_out_dims_where_it_came_in_ok")):
+    register(_function, name=_name, inputs=ROWS, reference=lambda x, w: x * w, dtypes=FLOATS)

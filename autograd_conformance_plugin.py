@@ -248,7 +248,32 @@ def read_values(config: _Settings) -> dict[str, OptionValue]:
     default; converted by kind and checked against its choices. Raises :class:`pytest.UsageError`
     that echoes the bad value (an empty value on the command line is one: `--impl=$IMPL` with
     IMPL unset must not quietly mean the default)."""
-    return {option.name: _read(config, option) for option in OPTIONS}
+    values = {option.name: _read(config, option) for option in OPTIONS}
+    values["seed"] = _seed_or_hypothesis_seed(config, values["seed"])
+    return values
+
+
+def _seed_or_hypothesis_seed(config: _Settings, seed: OptionValue) -> OptionValue:
+    """Every property of the suite is seeded from ``--seed``; Hypothesis's own ``--hypothesis-seed``
+    never reaches them, so a run given only that one used seed 0 without a word. An integer
+    there is the run's seed when ``--seed`` is not given; anything else is a usage error."""
+    given = config.getoption("hypothesis_seed", default=None)
+    if given is None:
+        return seed
+    try:
+        wanted = int(str(given))
+    except ValueError:
+        raise pytest.UsageError(
+            f"--hypothesis-seed={given!r}: autograd-conformance seeds its examples from an integer; "
+            f"pass e.g. --seed=0 (or --hypothesis-seed=0)"
+        ) from None
+    explicit = config.getoption("conformance_seed", default=None)
+    if explicit is not None and int(str(explicit)) != wanted:
+        raise pytest.UsageError(
+            f"--hypothesis-seed={given!r} and --seed={explicit!r}: autograd-conformance seeds its examples from one "
+            f"seed; give one of them (--seed is the suite's own)"
+        )
+    return wanted
 
 
 def _read(config: _Settings, option: Option) -> OptionValue:

@@ -1,5 +1,5 @@
-"""Contract autocast: under autocast, backward returns each gradient in its input's dtype, and
-forward and backward work and agree with the reference run under the same autocast.
+"""Contract autocast: under autocast, forward and backward work and agree with the reference run
+under the same autocast.
 
 Every Function with floating inputs is run the way a model under ``torch.autocast`` runs it
 (bfloat16 on CPU, float16 on CUDA): float32 inputs -- and, in some examples, a subset of them
@@ -11,10 +11,12 @@ usual case: its forward's matmuls run in bfloat16 and backward receives mixed dt
 
 * forward and backward run (a backward that mixes the saved bfloat16 tensors with float32 ones
   raises a dtype mismatch here);
-* no gradient backward *returns* is less precise than its input's dtype: the engine silently
-  casts a bfloat16 gradient of a float32 input back (pytorch #87979), after the precision is
-  gone, so only the raw return shows it (seen through the probe); a more precise one (float32
-  for a bfloat16 input, from ``cast_inputs=torch.float32``) is fine;
+* a gradient backward *returns* narrower than its input's dtype (bfloat16 for a float32 input,
+  seen through the probe: the engine casts it back without a word) is advice, not a defect:
+  torch's own custom_fwd/custom_bwd example returns one, and native autocast's backward
+  computes in bfloat16 too. Its values are judged below like every gradient; where they fail,
+  the failure names the narrow return. One bit-equal to the float64 truth rounded to the
+  input's dtype (a bfloat16 grad_output passed through, as torch's own add_ does) is no advice;
 * outputs and gradients meet the reference policy against the float64 truth, with the budget
   set by the reference itself under the same autocast (its own error in the autocast dtype), for
   a Function that declares ``custom_fwd`` on this device. Without it, forward rounds at the
@@ -59,7 +61,7 @@ from conformance.engine.numerics import (
     truth_and_baseline,
     with_resamples,
 )
-from conformance.engine.report import describe_value, fail
+from conformance.engine.report import advise, describe_value, fail
 from conformance.engine.runner import Target
 from conformance.engine.triton_interpreter import interpreter_limit
 from strategies.cases import Case, CaseOptions
@@ -88,6 +90,16 @@ def _autocast_advice(fn: Any, device: str) -> str:
         "to one dtype in backward. A Function never run under autocast can waive this contract with a reason: "
         "register(..., waivers={'autocast': 'why'})."
     )
+
+
+def _max_error(value: Any, exact: torch.Tensor) -> float:
+    """Largest |value - exact| over the elements where exact is finite (inf where value is not)."""
+    if not isinstance(value, torch.Tensor):
+        return float("inf")
+    finite = torch.isfinite(exact)
+    if not bool(finite.any()):
+        return 0.0
+    return float((value.detach().to("cpu", torch.float64) - exact).abs()[finite].max())
 
 
 def _loses_precision(returned: torch.dtype, wanted: torch.dtype) -> bool:
@@ -162,23 +174,46 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     ]
     grads = dict(zip([names[p] for p in wrt], found))
 
-    def narrow_dtype_finding(truth: Evaluated | None) -> None:
-        """A gradient returned narrower than its input fails where that lost precision: unless it
-        equals the float64 truth rounded to the input's dtype (a pass-through of a bfloat16
-        grad_output, as torch's own add_ returns for a float32 ``other``), bit for bit."""
+    def narrow_returns(truth: Evaluated | None, native: Evaluated | None, values_note: str) -> list[str]:
+        """What backward returned narrower than its input, one line each, with advice about it;
+        nothing for one bit-equal to the float64 truth rounded to the input's dtype (a
+        pass-through of a bfloat16 grad_output, as torch's own add_ returns for a float32
+        ``other``). Fails one further from the truth than 3 x native autocast's own gradient
+        (``native``: the reference under the same autocast) or the input dtype's rounding: the
+        engine's cast back cannot restore what the narrow return lost."""
+        lines = []
         for position in narrow:
             name, dtype = names[position], args[position].dtype
             want, got = truth.grads.get(name) if truth is not None else None, grads[name]
-            if want is not None and got is not None and torch.equal(got.to(torch.float64), want.to(dtype).to(torch.float64)):
-                continue
-            _also_without_autocast(target, case)
-            fail(
-                f"grad[{name!r}].dtype={str(raw[position].dtype).removeprefix('torch.')} as backward returned it, but should be "
-                f"{str(dtype).removeprefix('torch.')} ({name}'s dtype) or wider [{spec.display_name}.backward, {where}]",
-                "The engine casts it back to the input's dtype without a word, after the precision is lost: return "
-                f"grad.to({name}.dtype) (pytorch #87979).",
+            returned = (f"grad[{name!r}].dtype={str(raw[position].dtype).removeprefix('torch.')} as backward returned it, "
+                        f"narrower than {name}'s {str(dtype).removeprefix('torch.')}")
+            if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.shape == got.shape:
+                exact = want.detach().to("cpu", torch.float64)
+                error = _max_error(got, exact)
+                if error == 0.0 or error == _max_error(exact.to(dtype), exact):
+                    continue
+                theirs = native.grads.get(name) if native is not None else None
+                allowed = max(_max_error(exact.to(dtype), exact),
+                              _max_error(theirs, exact) if isinstance(theirs, torch.Tensor) and theirs.shape == got.shape else 0.0)
+                if error > 3 * allowed:
+                    _also_without_autocast(target, case)
+                    fail(
+                        f"max|grad[{name!r}] - truth|={error:.6g} with {returned}, but should be <= 3 x {allowed:.6g} (native "
+                        f"autocast's own error, or {name}'s dtype's rounding) [{spec.display_name}.backward, {where}]",
+                        f"The engine casts it back to {name}'s dtype without a word, after the precision is lost: return "
+                        f"grad.to({name}.dtype), or compute it in float32.",
+                        f"raw gradients: {', '.join(describe_value(v) for v in raw)}",
+                    )
+            lines.append(f"{returned} [{spec.display_name}.backward, {where}]")
+        if lines:
+            advise(
+                lines[0],
+                *lines[1:],
+                f"The engine casts it to the input's dtype without a word; {values_note} Returning grad.to(input.dtype), or "
+                "computing it in float32, keeps the input's precision explicit.",
                 f"raw gradients: {', '.join(describe_value(v) for v in raw)}",
             )
+        return lines
 
     pristine = build(case)
     def under_autocast(moved: Sequence[Any], moved_grads: Mapping[int, torch.Tensor]) -> tuple[Evaluated, Evaluated]:
@@ -192,10 +227,13 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     try:
         baseline, truth = under_autocast(pristine, pristine_grads)
     except Exception as error:
-        narrow_dtype_finding(None)  # without a truth, a narrower gradient is taken to have lost precision
+        narrow_returns(None, None, "its values cannot be judged here (the reference does not run under autocast with these inputs).")
         target.not_checked(f"the spec's reference does not run under autocast with these inputs ({type(error).__name__})")
         return
-    narrow_dtype_finding(truth)
+    narrowed = narrow_returns(truth, baseline, (
+        "its values are no further from the truth than native autocast's own gradient (whose backward computes in the "
+        "autocast dtype too)."
+    ))
     values = _judged_outputs(outputs, truth, baseline, where)
     values += judged_grads(grads, truth, baseline, pristine, names, lambda _: where)
     budget = "Budget: the reference's own error under the same autocast."
@@ -241,7 +279,8 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     )
     if verdict is not None:
         _also_without_autocast(target, case, finiteness=finiteness)
-        fail(verdict.summary, verdict.details, budget)
+        cause = [f"Backward returned {line}: the engine casts it back after the precision is lost." for line in narrowed]
+        fail(verdict.summary, verdict.details, *cause, budget)
     target.checked()
 
 

@@ -3,7 +3,7 @@
 * ``autocast_linear`` (AutocastLinear): y = x @ w.T + b. Under autocast the matmul runs in the
   autocast dtype (bfloat16 on CPU); backward runs under forward's autocast state (custom_bwd) and
   returns each gradient in its own input's dtype (``.to(x.dtype)``) -- a float32 weight gets a
-  float32 gradient even when the matmul ran in bfloat16 (pytorch #87979 is the bug it avoids).
+  float32 dtype gradient even when the matmul ran in bfloat16 (the engine would cast a bfloat16 one back).
 * ``autocast_fp32_softmax`` (Float32Softmax): ``custom_fwd(cast_inputs=torch.float32)``: the
   softmax always runs in float32 (autocast off inside), as numerically sensitive kernels do;
   gradients come back in the input's dtype.

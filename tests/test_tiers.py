@@ -24,6 +24,8 @@ FINDINGS: dict[str, dict[str, Outcome]] = {
     "linear_recurrence": {"compile": Outcome.ADVICE},  # its by-product grad x is no unneeded work
     "synthesis_bank": {},  # dlow and dhigh are halves of one transposed convolution
     "frozen_bias_linear": {"unneeded_grads": Outcome.ADVICE},  # grad b for a bias declared requires_grad=False
+    # bfloat16 gradients for float32 inputs, as native autocast's; both gradients every time
+    "docs_autocast_matmul": {"autocast": Outcome.ADVICE, "unneeded_grads": Outcome.ADVICE},
 }
 
 

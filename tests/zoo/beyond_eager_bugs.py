@@ -46,13 +46,13 @@ tensors, torch.compile, forward-mode AD, torch.func transforms, autocast).
   test tries); for in_dims=1 the output's batch dim is read from the wrong axis (a wrong shape, or
   silently transposed values when the two sizes are equal), and for a batch dim that is last the
   softmax runs over the batch. Eager checks never call the rule.
-* ``autocast_dtype_grads`` (AutocastMatmulGradDtype): y = x @ w with
-  ``@torch.amp.custom_fwd(device_type="cpu")`` / ``custom_bwd``; backward computes g @ w.T and
-  x.T @ g under the restored autocast state and returns them in bfloat16 for float32 inputs
-  (pytorch issue #87979: it forgets ``.to(x.dtype)``). The engine quietly casts the gradients back
-  to float32, and they equal plain autograd's under autocast bit for bit, so ``.grad`` shows
-  nothing: only the dtype backward returns does (and a float32 x with a bfloat16 w gets a
-  bfloat16 gradient). Outside autocast (gradcheck, the reference contract) it is exact.
+* ``autocast_dtype_grads`` (AutocastScaleGradDtype): y = x * w (w over the last dim) with
+  ``@torch.amp.custom_fwd(device_type="cpu")`` / ``custom_bwd``; backward returns grad x in "the
+  autocast dtype" it noted in forward. The multiplication is not one autocast narrows, so forward
+  and the gradient are float32 natively; the bfloat16 return loses 8 bits that the engine's
+  silent cast back to float32 cannot restore. Outside autocast (gradcheck, the reference
+  contract) it is exact. (Returning bfloat16 where native autocast computes in bfloat16 anyway,
+  as torch's own custom_fwd example does, is only advice: tests/zoo/tiers_correct.py.)
 """
 
 from __future__ import annotations
@@ -257,30 +257,30 @@ register(
 # --------------------------------------------------------------------------- autocast
 
 
-class AutocastMatmulGradDtype(torch.autograd.Function):
-    """y = x @ w under custom_fwd/custom_bwd; backward returns autocast-dtype gradients."""
+class AutocastScaleGradDtype(torch.autograd.Function):
+    """y = x * w under custom_fwd/custom_bwd; backward returns grad x in the autocast dtype."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return x @ w
+        ctx.low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        return x * w
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         x, w = ctx.saved_tensors
-        # In grad_out's dtype on every device (CUDA's autocast is not re-entered by custom_bwd(device_type="cpu")).
-        gx = grad_out @ w.t().to(grad_out.dtype) if ctx.needs_input_grad[0] else None  # BUG: the autocast dtype; needs .to(x.dtype)
-        gw = x.t().to(grad_out.dtype) @ grad_out if ctx.needs_input_grad[1] else None  # BUG: the autocast dtype; needs .to(w.dtype)
+        gx = (g * w).to(ctx.low) if ctx.needs_input_grad[0] else None  # BUG: "the autocast dtype"; mul ran in float32
+        gw = (g * x).reshape(-1, x.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
         return gx, gw
 
 
 register(
-    AutocastMatmulGradDtype,
+    AutocastScaleGradDtype,
     name="autocast_dtype_grads",
-    inputs=[Tensor("x", "m k"), Tensor("w", "k n")],
-    reference=lambda x, w: x @ w,
+    inputs=[Tensor("x", "*batch d"), Tensor("w", "d")],
+    reference=lambda x, w: x * w,
     dtypes=(torch.float64, torch.float32),
 )
 

@@ -18,8 +18,8 @@ Each differs from its buggy twin only by the fix; registered names carry the suf
   gate and the up tangent terms.
 * ``wrong_vmap_rule_ok`` (SoftmaxVmap): last-dim softmax whose ``vmap`` staticmethod moves the
   batch dim to 0 before running the op and declaring ``out_dims=0``.
-* ``autocast_dtype_grads_ok`` (AutocastMatmul): y = x @ w with ``custom_fwd``/``custom_bwd`` whose
-  backward casts each gradient to its input's dtype.
+* ``autocast_dtype_grads_ok`` (AutocastScale): y = x * w with ``custom_fwd``/``custom_bwd`` whose
+  backward returns each gradient in its input's dtype.
 """
 
 from __future__ import annotations
@@ -224,30 +224,29 @@ register(
 # --------------------------------------------------------------------------- autocast
 
 
-class AutocastMatmul(torch.autograd.Function):
-    """y = x @ w under custom_fwd/custom_bwd; backward returns gradients in the inputs' dtypes."""
+class AutocastScale(torch.autograd.Function):
+    """y = x * w under custom_fwd/custom_bwd; each gradient in its input's dtype."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return x @ w
+        return x * w
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         x, w = ctx.saved_tensors
-        # In grad_out's dtype on every device (CUDA's autocast is not re-entered by custom_bwd(device_type="cpu")).
-        gx = (grad_out @ w.t().to(grad_out.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (x.t().to(grad_out.dtype) @ grad_out).to(w.dtype) if ctx.needs_input_grad[1] else None
+        gx = (g * w).to(x.dtype) if ctx.needs_input_grad[0] else None
+        gw = (g * x).reshape(-1, x.shape[-1]).sum(0).to(w.dtype) if ctx.needs_input_grad[1] else None
         return gx, gw
 
 
 register(
-    AutocastMatmul,
+    AutocastScale,
     name="autocast_dtype_grads_ok",
-    inputs=[Tensor("x", "m k"), Tensor("w", "k n")],
-    reference=lambda x, w: x @ w,
+    inputs=[Tensor("x", "*batch d"), Tensor("w", "d")],
+    reference=lambda x, w: x * w,
     dtypes=(torch.float64, torch.float32),
 )
 

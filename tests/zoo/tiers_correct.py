@@ -22,6 +22,10 @@ torch itself is wrong -- and never fail (issue "Decisive verdicts"):
 * ``frozen_bias_linear`` (FrozenBiasLinear): x @ w.T + b whose backward always returns grad b
   (``g.sum(0)``), though the spec declares b ``requires_grad=False`` (a frozen bias): the engine
   drops a gradient for an input that requires none, so it is advice, not a defect.
+* ``docs_autocast_matmul`` (DocsAutocastMatmul): torch's AMP notes' custom_fwd/custom_bwd MyMM,
+  whose backward returns bfloat16 gradients for float32 inputs under autocast, bit-equal to native
+  autocast's: advice (a new user's trial saw it fail as a defect); it computes both gradients every
+  time, advice too.
 """
 
 from __future__ import annotations
@@ -250,4 +254,31 @@ register(
     name="frozen_bias_linear",
     inputs=[Tensor("x", "b i"), Tensor("w", "o i"), Tensor("b", "o", requires_grad=False)],
     reference=lambda x, w, b: x @ w.T + b,
+)
+
+
+class DocsAutocastMatmul(torch.autograd.Function):
+    """torch's own custom_fwd/custom_bwd example (the AMP notes' MyMM): under autocast both matmuls
+    run in bfloat16 and backward returns bfloat16 gradients for float32 inputs, bit-equal to native
+    autocast's; the engine casts them back. Advice, not a defect."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a.mm(b)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        return grad.mm(b.t()), a.t().mm(grad)
+
+
+register(
+    DocsAutocastMatmul,
+    name="docs_autocast_matmul",
+    inputs=[Tensor("a", "m k"), Tensor("b", "k n")],
+    reference=lambda a, b: a @ b,
+    dtypes=(torch.float64, torch.float32),
 )

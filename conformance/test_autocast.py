@@ -92,6 +92,19 @@ def _autocast_advice(fn: Any, device: str) -> str:
     )
 
 
+def _likely_causes(fn: Any, device: str, low_name: str, narrowed: Sequence[str], summary: str) -> list[str]:
+    """What a value failure under autocast most likely comes from: a narrow return, or (for a
+    gradient of a Function without custom_fwd) a statistic saved from forward's low-precision scores."""
+    causes = [f"Backward returned {line}: the engine casts it back after the precision is lost." for line in narrowed]
+    if autocast_device(fn) != device and "grad[" in summary.partition(" [")[0]:
+        causes.append(
+            f"Without custom_fwd, forward's matmuls ran in {low_name} and backward reads float32: the usual cause is a "
+            f"statistic saved from {low_name} scores (a log-sum-exp, a row max) that backward combines with values it "
+            f"recomputes in float32. {_autocast_advice(fn, device)}"
+        )
+    return causes
+
+
 def _max_error(value: Any, exact: torch.Tensor) -> float:
     """Largest |value - exact| over the elements where exact is finite (inf where value is not)."""
     if not isinstance(value, torch.Tensor):
@@ -279,8 +292,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     )
     if verdict is not None:
         _also_without_autocast(target, case, finiteness=finiteness)
-        cause = [f"Backward returned {line}: the engine casts it back after the precision is lost." for line in narrowed]
-        fail(verdict.summary, verdict.details, *cause, budget)
+        fail(verdict.summary, verdict.details, *_likely_causes(spec.fn, device, low_name, narrowed, verdict.summary), budget)
     target.checked()
 
 

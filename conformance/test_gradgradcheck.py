@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import (
     backward_every_leaf,
     blocked_by_undeclared_writes,
@@ -45,6 +46,7 @@ from conformance.engine.finite_differences import (
     FD_EPS,
     FD_SPACING,
     NONDET_TOL,
+    first_derivative_mismatch,
     jacobian_mismatch,
     unresolvable_outputs,
 )
@@ -184,6 +186,7 @@ def _check_twice_differentiable(
     except GradcheckError as error:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
         blocked_by_unversioned_saves(case)  # a save of x.data: second derivatives through a detached tensor
+        _blocked_by_wrong_first_derivatives(target, case, call, wrt)
         message = str(error).strip()
     except RuntimeError as error:
         if raised_by_once_differentiable(error):
@@ -225,6 +228,19 @@ def _check_twice_differentiable(
         *((cause,) if cause else ()),
         *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck"),
     )
+
+
+def _blocked_by_wrong_first_derivatives(target: Target, case: Case, call: Any, wrt: Sequence[torch.Tensor]) -> None:
+    """One defect, one failure: where backward is already wrong on this case, finite differences
+    of it judge nothing new, and the defect is gradcheck's (first derivatives against forward's
+    finite differences). Not for a surrogate spec, whose backward is not forward's derivative."""
+    if target.spec.surrogate is not None:
+        return
+    nondet_tol = NONDET_TOL if target.spec.nondeterministic else 0.0
+    with fixed_rng(zlib.crc32(repr((case.grad_seed, "first derivatives")).encode()), case.device):
+        mismatch = first_derivative_mismatch(call, wrt, nondet_tol=nondet_tol)
+    if mismatch is not None:
+        raise Blocked(Defect("gradcheck", "first derivatives are already wrong on this case", (mismatch,)), case)
 
 
 def _first_derivatives(call: Any, count: int) -> Any:

@@ -17,7 +17,7 @@ BUGS = {
     "custom_op_fake_wrong_shape": ({"opcheck"}, "reference"),
     "custom_op_fake_swapped_dims": ({"opcheck"}, "reference"),
     "custom_op_fake_dtype": ({"opcheck"}, "gradcheck"),
-    "custom_op_backward_wrong": ({"reference", "gradcheck", "gradgradcheck"}, "opcheck"),
+    "custom_op_backward_wrong": ({"reference", "gradcheck"}, "opcheck"),  # gradgradcheck: blocked by gradcheck
     "custom_op_bias_grad_wrong_dim": ({"grad_meta"}, "return_count"),
     "compile_only_bug": ({"compile"}, "gradcheck"),
     "compile_graph_break": ({"compile"}, "reference"),
@@ -65,6 +65,14 @@ def test_each_bug_fails_only_the_contracts_that_own_it(bugs, name: str) -> None:
         if fn == name and verdict.outcome == "skipped" and "blocked by" in verdict.text:
             assert any(f"blocked by {owner}" in verdict.text for owner in failed), (contract, verdict.text)
     bugs.passed(blind, name)
+
+
+def test_second_derivatives_of_a_wrong_backward_are_blocked_by_gradcheck(bugs) -> None:  # type: ignore[no-untyped-def]
+    """One defect, one failure: finite differences of a backward already wrong on the case judge
+    nothing new (gradgradcheck failed too, and said nothing of the first derivative)."""
+    blocked = bugs.verdict("gradgradcheck", "custom_op_backward_wrong")
+    assert blocked.outcome == "skipped" and "blocked by gradcheck: first derivatives are already wrong on this case" in blocked.text, blocked.text
+    bugs.failed("gradcheck", "custom_op_backward_wrong")
 
 
 def test_a_real_kernel_of_another_dtype_than_its_fake_is_opchecks_and_blocks_reference(bugs) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import functools
+import importlib
 import math
 import subprocess
 import sys
@@ -1058,3 +1059,30 @@ def test_an_error_from_the_suites_own_code_is_worded_as_the_suites_not_the_funct
     other = run(own_bug)
     assert "ValueError raised while checking this contract" in other and "own code" not in other, other
     assert "test_engine_units.py" in other  # the frame outside the suite is shown
+
+
+def test_an_autocast_gradient_failure_names_its_likely_cause() -> None:
+    """A gradient of a Function without custom_fwd that fails under autocast most likely mixes a
+    statistic saved from bfloat16 scores with float32 recomputation (a new user's trial read the
+    failure without that hint); an output's failure or a declared Function's gets no such line."""
+    autocast = importlib.import_module("conformance.test_autocast")
+
+    class Undeclared(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    class Declared(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cpu")
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    grad = "max|grad['k'] - reference|=0.1 at (0, 0), but should be <= 0.08 [Attention.backward, ...]"
+    output = "max|output[0] - reference|=0.1 at (0, 0), but should be <= 0.08 [Attention.forward, ...]"
+    causes = autocast._likely_causes(Undeclared, "cpu", "bfloat16", [], grad)
+    assert len(causes) == 1 and "a log-sum-exp" in causes[0] and "custom_fwd(device_type='cpu', cast_inputs=torch.float32)" in causes[0]
+    assert autocast._likely_causes(Undeclared, "cpu", "bfloat16", [], output) == []
+    assert autocast._likely_causes(Declared, "cpu", "bfloat16", [], grad) == []
+    narrow = autocast._likely_causes(Declared, "cpu", "bfloat16", ["grad['x'].dtype=bfloat16 as backward returned it"], grad)
+    assert narrow == ["Backward returned grad['x'].dtype=bfloat16 as backward returned it: the engine casts it back after the precision is lost."]

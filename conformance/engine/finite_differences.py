@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.evaluate import gradients
 
@@ -23,6 +24,7 @@ __all__ = [
     "SLOW_ATOL",
     "SLOW_RTOL",
     "JacobianMismatch",
+    "first_derivative_mismatch",
     "jacobian_mismatch",
     "unresolvable_outputs",
 ]
@@ -135,6 +137,22 @@ class JacobianMismatch:
             f"Rows are the elements of {output_name}, columns those of {input_name}, flattened; {check}(fn, inputs, "
             "eps=1e-6) prints both Jacobians in full.",
         )
+
+
+def first_derivative_mismatch(call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], *, nondet_tol: float = 0.0) -> str | None:
+    """What ``torch.autograd.gradcheck`` says is wrong with ``call``'s first derivatives at ``wrt``
+    (float64), at the gradcheck contract's settings (fast mode past GRADCHECK_FAST_MODE_ELEMENTS),
+    or None where they are right."""
+    inputs = tuple(t.detach().clone().requires_grad_() for t in wrt)
+    numel = sum(t.numel() for t in inputs) + sum(o.numel() for o in _differentiable(call(*inputs)))
+    fast = numel > GRADCHECK_FAST_MODE_ELEMENTS
+    atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
+    try:
+        torch.autograd.gradcheck(call, inputs, eps=FD_EPS, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol)
+    except GradcheckError as error:
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        return f"{first} [torch.autograd.gradcheck, float64, {'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]"
+    return None
 
 
 def jacobian_mismatch(

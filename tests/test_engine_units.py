@@ -8,6 +8,7 @@ import dataclasses
 import faulthandler
 import functools
 import importlib
+import itertools
 import math
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import torch
 import conformance
 from conformance.engine.defects import BackwardError, Blocked, forward_defect, require_sound, structural_defects
 from conformance.engine.evaluate import unversioned_saves
+from conformance.engine.finite_differences import FD_EPS, LARGEST_STEP, resolving_steps
 from conformance.engine.harness import Execution, changed_elements
 from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
 from conformance.engine.numerics import exactly_equal
@@ -1086,3 +1088,18 @@ def test_an_autocast_gradient_failure_names_its_likely_cause() -> None:
     assert autocast._likely_causes(Declared, "cpu", "bfloat16", [], grad) == []
     narrow = autocast._likely_causes(Declared, "cpu", "bfloat16", ["grad['x'].dtype=bfloat16 as backward returned it"], grad)
     assert narrow == ["Backward returned grad['x'].dtype=bfloat16 as backward returned it: the engine casts it back after the precision is lost."]
+
+
+def test_finite_differences_take_a_larger_step_only_where_rounding_hides_the_tolerance() -> None:
+    """u * |f| / h: a loss of 1e9 has ~0.1 of rounding noise at h=1e-6, far above gradcheck's
+    atol; larger steps, 10x apart, up to where the noise is below it (at most 1e-2). Outputs of
+    ordinary size need none."""
+    ordinary = torch.tensor([3.0, -40.0], dtype=torch.float64, requires_grad=True) * 1
+    assert resolving_steps([ordinary], 1e-5) == ()
+    huge = torch.tensor([1.3e9, 2.0], dtype=torch.float64, requires_grad=True) * 1
+    steps = resolving_steps([huge, "not a tensor"], 1e-5)
+    assert steps[0] == pytest.approx(FD_EPS * 10) and steps[-1] == pytest.approx(LARGEST_STEP)
+    assert all(b == pytest.approx(a * 10) for a, b in itertools.pairwise(steps))
+    moderate = torch.tensor([2e4], dtype=torch.float64, requires_grad=True) * 1
+    assert resolving_steps([moderate], 1e-5) == pytest.approx((1e-5,))
+    assert resolving_steps([torch.tensor([1e9], dtype=torch.float64)], 1e-5) == ()  # no gradient flows from it

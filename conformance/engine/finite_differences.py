@@ -26,6 +26,7 @@ __all__ = [
     "JacobianMismatch",
     "first_derivative_mismatch",
     "jacobian_mismatch",
+    "resolving_steps",
     "unresolvable_outputs",
 ]
 
@@ -137,6 +138,32 @@ class JacobianMismatch:
             f"Rows are the elements of {output_name}, columns those of {input_name}, flattened; {check}(fn, inputs, "
             "eps=1e-6) prints both Jacobians in full.",
         )
+
+
+# Central differences at a step h carry the rounding of the two calls, about u * |f| / h per entry
+# (u: float64's unit roundoff); a call's own arithmetic adds more, hence the safety factor.
+_ROUNDOFF = torch.finfo(torch.float64).eps / 2
+ROUNDING_SAFETY = 16
+LARGEST_STEP = 1e-2
+
+
+def resolving_steps(outputs: Sequence[Any], atol: float) -> tuple[float, ...]:
+    """Larger finite-difference steps, 10x apart up to LARGEST_STEP, for outputs so large that
+    central differences at FD_EPS cannot resolve ``atol``: their rounding alone exceeds it (a loss
+    of 1e9 has ~0.1 of noise at 1e-6, where gradcheck then blames a correct backward by "a
+    constant factor"). Empty where FD_EPS resolves them. A mismatch found at FD_EPS is checked
+    again at these steps only: a correct backward passes at one, a derivative wrong by more than
+    that noise fails at all of them (and the first report stands)."""
+    floating = [o for o in _differentiable(outputs) if o.is_floating_point() and o.numel()]
+    largest = max((float(o.detach().abs().max()) for o in floating), default=0.0)
+    noise = ROUNDING_SAFETY * _ROUNDOFF * largest / FD_EPS
+    if not math.isfinite(noise) or noise <= atol:
+        return ()
+    steps, step = [], FD_EPS
+    while step * 10 <= LARGEST_STEP * (1 + 1e-9) and ROUNDING_SAFETY * _ROUNDOFF * largest / step > atol:
+        step *= 10
+        steps.append(step)
+    return tuple(steps)
 
 
 def first_derivative_mismatch(call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], *, nondet_tol: float = 0.0) -> str | None:

@@ -30,6 +30,10 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   the gradient for x is grad_output itself, in bfloat16, as torch's own ``y.add_(x)`` returns it;
   it loses nothing (the engine's cast to float32 is exact). autocast once failed it for the
   narrower dtype alone.
+* ``kl_div_log_target`` (KLDivLogTarget, class 8): KL divergence with a log-space target,
+  sum(exp(t) * (t - x)) / n, whose target values reach 20: the loss is ~1e8 while the derivative
+  of an entry with a small t is ~1. Central differences at 1e-6 are then mostly rounding (u |f| /
+  h ~ 0.01), and gradcheck once blamed the exact backward "by a constant factor".
 * ``sparsemax`` (Sparsemax, class 8): sparsemax over the last dim, float32 compute for half
   types as a kernel accumulates; backward from the support of the output. In bfloat16 an element within
   one rounding step of the threshold may leave the support, where the gradient jumps by O(1): the
@@ -369,4 +373,28 @@ class AddIntoInplace(torch.autograd.Function):
 register(
     AddIntoInplace, name="add_into_inplace", inputs=[Tensor("y", "*batch n"), Tensor("x", "*batch n")],
     reference=lambda y, x: y + x, mutates=("y",), dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)
+
+
+class KLDivLogTarget(torch.autograd.Function):
+    """KL(target || input) with both in log space, mean over elements: sum(exp(t) * (t - x)) / n."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, t)
+        return (torch.exp(t) * (t - x)).sum() / x.numel()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, t = ctx.saved_tensors
+        scale = g / x.numel()
+        dx = -torch.exp(t) * scale if ctx.needs_input_grad[0] else None
+        dt = torch.exp(t) * (t - x + 1) * scale if ctx.needs_input_grad[1] else None
+        return dx, dt
+
+
+register(
+    KLDivLogTarget, name="kl_div_log_target",
+    inputs=[Tensor("x", "*batch n"), Tensor("t", "*batch n", domain=(0.0, 20.0))],
+    reference=lambda x, t: (t.exp() * (t - x)).mean(), dtypes=(torch.float64, torch.float32),
 )

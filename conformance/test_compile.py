@@ -47,7 +47,7 @@ from conformance.engine.numerics import (
     judged_outputs,
     reference_truth_and_baseline,
 )
-from conformance.engine.report import advise, fail, upstream
+from conformance.engine.report import advise, fail, upstream, upstream_noted
 from conformance.engine.repro import torch_only_script
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import dynamo_refuses_jvp, without_guard_latency_profile
@@ -319,6 +319,15 @@ def _trace_advice(target: Target, error: BaseException, backend: str, case: Case
     )
     if "fullgraph" in target.spec.compile_promises:
         fail(f"torch.compile {what}, but the spec promises compile='fullgraph' [{where}]", *details)
+    if isinstance(error, torch._dynamo.exc.InternalTorchDynamoError):
+        upstream_noted(
+            f"torch's bug: Dynamo failed internally under fullgraph=True ({type(error).__name__}, not a graph break of the "
+            f"Function); without fullgraph it runs and matches eager [{where}]",
+            f"{type(error).__name__}: {text[:1500]}",
+            "Meanwhile torch.compile without fullgraph=True works for this Function; to report it, call "
+            "torch.compile(fn, fullgraph=True, backend=...) on the case below.",
+        )
+        return
     advise(
         f"torch.compile {what}; without fullgraph it runs and matches eager, so this is performance advice [{where}]",
         *details,

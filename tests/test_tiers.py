@@ -26,6 +26,7 @@ FINDINGS: dict[str, dict[str, Outcome]] = {
     "frozen_bias_linear": {"unneeded_grads": Outcome.ADVICE},  # grad b for a bias declared requires_grad=False
     # bfloat16 gradients for float32 inputs, as native autocast's; both gradients every time
     "docs_autocast_matmul": {"autocast": Outcome.ADVICE, "unneeded_grads": Outcome.ADVICE},
+    "bag_sum": {"compile": Outcome.UPSTREAM},  # Dynamo fails internally under fullgraph (repeat_interleave's size)
 }
 
 
@@ -83,6 +84,13 @@ def test_a_torch_bug_is_named_as_torchs_with_a_torch_only_repro(correct) -> None
     script = found.message.split("this Function):\n", 1)[1].split("\n  case:", 1)[0]
     assert "conformance" not in script.replace("conformance_zoo", "").split("spec_from_file_location", 1)[0]
     assert "torch.compile(run, backend='aot_eager')" in script and found.repro.endswith(".py")
+
+
+def test_dynamos_internal_error_under_fullgraph_is_torchs_not_a_graph_break(correct) -> None:  # type: ignore[no-untyped-def]
+    """It was worded as the Function's graph break, performance advice (a new user's trial)."""
+    found = correct.verdict("compile", "bag_sum").recorded
+    assert found.reason.startswith("torch's bug: Dynamo failed internally under fullgraph=True (InternalTorchDynamoError"), found.reason
+    assert "PendingUnbackedSymbolNotFound" in found.message and "without fullgraph=True works" in found.message
 
 
 def test_a_right_undeclared_double_backward_is_advice(correct) -> None:  # type: ignore[no-untyped-def]

@@ -139,6 +139,15 @@ def advise(summary: str, *details: str) -> None:
         context.advice = contract_failure(summary, *details)
 
 
+def upstream_noted(summary: str, *details: str) -> None:
+    """Record an upstream finding (torch's bug) for the running test the way :func:`advise`
+    records advice: the contract goes on checking correctness, a defect it finds later still
+    fails the test, and a test that passes is concluded as upstream."""
+    context = current_context()
+    if context is not None and context.advice is None:
+        context.advice = contract_failure(summary, *details, kind=UpstreamFailure)
+
+
 def upstream(summary: str, *details: str) -> NoReturn:
     """Raise :class:`UpstreamFailure`: torch, not the Function, is wrong on this example."""
     __tracebackhide__ = True

@@ -26,6 +26,10 @@ torch itself is wrong -- and never fail (issue "Decisive verdicts"):
   whose backward returns bfloat16 gradients for float32 inputs under autocast, bit-equal to native
   autocast's: advice (a new user's trial saw it fail as a defect); it computes both gradients every
   time, advice too.
+* ``bag_sum`` (BagSum): sums of rows in bags given by offsets, each row's bag from
+  ``repeat_interleave``. Dynamo fails internally under fullgraph=True (torch 2.13:
+  PendingUnbackedSymbolNotFound) and compiles it right without: upstream, not a graph break's
+  advice (a new user's trial).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from conformance import Scalar, Tensor, register
+from conformance import Offsets, Scalar, Tensor, register
 
 
 class LogStepScan(torch.autograd.Function):
@@ -281,4 +285,33 @@ register(
     inputs=[Tensor("a", "m k"), Tensor("b", "k n")],
     reference=lambda a, b: a @ b,
     dtypes=(torch.float64, torch.float32),
+)
+
+
+def _bag_ids(offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(offsets.numel() - 1, device=device), offsets[1:] - offsets[:-1])
+
+
+class BagSum(torch.autograd.Function):
+    """Sums of the rows of x in bags given by offsets (an embedding bag's reduction), the bag of
+    each row from ``repeat_interleave``, whose data-dependent size makes Dynamo fail internally
+    under fullgraph=True (torch 2.13: PendingUnbackedSymbolNotFound); without it, right."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(offsets)
+        return x.new_zeros(offsets.numel() - 1, x.shape[1]).index_add_(0, _bag_ids(offsets, x.device), x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (offsets,) = ctx.saved_tensors
+        return g[_bag_ids(offsets, g.device)], None
+
+
+register(
+    BagSum,
+    name="bag_sum",
+    inputs=[Tensor("x", "t d"), Offsets("offsets", sequences="b", total="t")],
+    reference=lambda x, offsets: torch.stack([x[a:b].sum(0) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())])
+    if offsets.numel() > 1 else x.new_zeros(0, x.shape[1]),
 )

@@ -11,12 +11,10 @@ estimators) are instead compared with the surrogate's autograd gradient.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
-from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import contract, float64
 from conformance.engine.evaluate import (
@@ -25,16 +23,9 @@ from conformance.engine.evaluate import (
     run_reference,
 )
 from conformance.engine.finite_differences import (
-    FAST_ATOL,
-    FAST_RTOL,
-    FD_EPS,
     FD_SPACING,
-    GRADCHECK_FAST_MODE_ELEMENTS,
-    NONDET_TOL,
-    SLOW_ATOL,
-    SLOW_RTOL,
+    check_first_derivatives,
     jacobian_mismatch,
-    resolving_steps,
     unresolvable_outputs,
 )
 from conformance.engine.harness import Execution
@@ -45,7 +36,6 @@ from conformance.engine.torch_text import (
     gradcheck_input,
     gradcheck_not_reentrant,
     jacobian_pair,
-    without_slow_mode_jacobians,
 )
 from strategies.cases import Case, CaseOptions
 
@@ -88,30 +78,13 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
     call = function_of_tensors(case, args, wrt_positions)
 
     wrt_tensors = tuple(args[i] for i in wrt_positions)
-    out_numel = sum(o.numel() for o in execution.outputs if isinstance(o, torch.Tensor))  # the same case in float64
-    in_numel = sum(t.numel() for t in wrt_tensors)
-    fast = target.spec.fast_gradcheck or in_numel + out_numel > GRADCHECK_FAST_MODE_ELEMENTS
-    atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
-    # Fast mode's projection vectors come from gradcheck's own freshly made torch.Generator
-    # (fixed default seed), so the verdict is already deterministic. A declared-nondeterministic
-    # backward (e.g. an atomic scatter order) may differ between its two calls by rounding.
-    nondet_tol = NONDET_TOL if target.spec.nondeterministic else 0.0
     # A fast-mode mismatch makes torch recompute both Jacobians in slow mode for its message
     # alone: only for the reported example (a 40 x 50 input: 3.7 s -> 0.4 s to the first failure).
-    brief = fast and not target.reporting()
-    error = _gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol, brief=brief)
-    if error is not None and nondet_tol == 0.0 and gradcheck_not_reentrant(str(error)):
-        # Two backward calls that differ by rounding only (atomic accumulation, a cuDNN algorithm
-        # whose summation order varies) are the determinism contract's to judge, not gradcheck's:
-        # judged at a rounding-level tolerance, the verdict no longer depends on the order drawn.
-        nondet_tol = NONDET_TOL
-        error = _gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol, brief=brief)
-    if error is not None and not gradcheck_not_reentrant(str(error)):
-        # Outputs so large that central differences at FD_EPS are mostly rounding: a correct
-        # backward agrees with them at a step that resolves the outputs' magnitude.
-        steps = resolving_steps(execution.outputs, atol)
-        if any(_gradcheck_error(call, wrt_tensors, atol, rtol, fast, nondet_tol, brief=True, eps=step) is None for step in steps):
-            return
+    checked = check_first_derivatives(
+        call, wrt_tensors, execution.outputs, fast=target.spec.fast_gradcheck, nondeterministic=target.spec.nondeterministic,
+        brief=not target.reporting(),
+    )
+    error, fast, atol, rtol, nondet_tol = checked.error, checked.fast, checked.atol, checked.rtol, checked.nondet_tol
     if error is not None:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
         message = str(error)
@@ -134,18 +107,6 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
             f"analytical grad[{argument!r}] != numerical: {located.entry(f'output[{located.output}]', argument)} {where}",
             *located.details(f"output[{located.output}]", repr(argument), "torch.autograd.gradcheck"),
         )
-
-
-def _gradcheck_error(
-    call: Any, wrt: tuple[torch.Tensor, ...], atol: float, rtol: float, fast: bool, nondet_tol: float, *, brief: bool,
-    eps: float = FD_EPS,
-) -> GradcheckError | None:
-    try:
-        with without_slow_mode_jacobians() if brief else contextlib.nullcontext():
-            torch.autograd.gradcheck(call, wrt, eps=eps, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol)
-    except GradcheckError as error:
-        return error
-    return None
 
 
 def check_surrogate(target: Target, data: st.DataObject) -> None:

@@ -46,7 +46,7 @@ from conformance.engine.finite_differences import (
     FD_EPS,
     FD_SPACING,
     NONDET_TOL,
-    first_derivative_mismatch,
+    check_first_derivatives,
     jacobian_mismatch,
     unresolvable_outputs,
 )
@@ -231,16 +231,25 @@ def _check_twice_differentiable(
 
 
 def _blocked_by_wrong_first_derivatives(target: Target, case: Case, call: Any, wrt: Sequence[torch.Tensor]) -> None:
-    """One defect, one failure: where backward is already wrong on this case, finite differences
-    of it judge nothing new, and the defect is gradcheck's (first derivatives against forward's
-    finite differences). Not for a surrogate spec, whose backward is not forward's derivative."""
-    if target.spec.surrogate is not None:
+    """One defect, one failure: where backward is already wrong on this case by the gradcheck
+    contract's own rules (:func:`check_first_derivatives`), finite differences of it judge nothing
+    new, and the defect is gradcheck's. Not for a surrogate spec, whose backward is not forward's
+    derivative; nothing is blocked where that check cannot run here."""
+    if target.spec.surrogate is not None or any(t.dtype != torch.float64 for t in wrt):
         return
-    nondet_tol = NONDET_TOL if target.spec.nondeterministic else 0.0
-    with fixed_rng(zlib.crc32(repr((case.grad_seed, "first derivatives")).encode()), case.device):
-        mismatch = first_derivative_mismatch(call, wrt, nondet_tol=nondet_tol)
-    if mismatch is not None:
-        raise Blocked(Defect("gradcheck", "first derivatives are already wrong on this case", (mismatch,)), case)
+    inputs = tuple(t.detach().clone().requires_grad_() for t in wrt)
+    try:
+        with fixed_rng(zlib.crc32(repr((case.grad_seed, "first derivatives")).encode()), case.device):
+            checked = check_first_derivatives(
+                call, inputs, call(*inputs), fast=target.spec.fast_gradcheck, nondeterministic=target.spec.nondeterministic,
+                brief=True,
+            )
+    except Exception:  # torch's check itself raised (an undefined grad_output backward cannot take): not gradcheck's verdict
+        return
+    if checked.error is not None:
+        first = next((line.strip() for line in str(checked.error).splitlines() if line.strip()), "")
+        where = f"torch.autograd.gradcheck, float64, {'fast' if checked.fast else 'slow'} mode, atol={checked.atol}, rtol={checked.rtol}"
+        raise Blocked(Defect("gradcheck", "first derivatives are already wrong on this case", (f"{first} [{where}]",)), case)
 
 
 def _first_derivatives(call: Any, count: int) -> Any:

@@ -1086,8 +1086,11 @@ def test_an_autocast_gradient_failure_names_its_likely_cause() -> None:
     assert len(causes) == 1 and "a log-sum-exp" in causes[0] and "custom_fwd(device_type='cpu', cast_inputs=torch.float32)" in causes[0]
     assert autocast._likely_causes(Undeclared, "cpu", "bfloat16", [], output) == []
     assert autocast._likely_causes(Declared, "cpu", "bfloat16", [], grad) == []
-    narrow = autocast._likely_causes(Declared, "cpu", "bfloat16", ["grad['x'].dtype=bfloat16 as backward returned it"], grad)
+    returned = ["grad['x'].dtype=bfloat16 as backward returned it"]
+    on_x = "max|grad['x'] - reference|=0.1 at (0, 0), but should be <= 0.08 [Scale.backward, ...]"
+    narrow = autocast._likely_causes(Declared, "cpu", "bfloat16", returned, on_x)
     assert narrow == ["Backward returned grad['x'].dtype=bfloat16 as backward returned it: the engine casts it back after the precision is lost."]
+    assert autocast._likely_causes(Declared, "cpu", "bfloat16", returned, grad) == []  # another gradient failed
 
 
 def test_finite_differences_take_a_larger_step_only_where_rounding_hides_the_tolerance() -> None:

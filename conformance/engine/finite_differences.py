@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.evaluate import gradients
+from conformance.engine.torch_text import gradcheck_not_reentrant, without_slow_mode_jacobians
 
 __all__ = [
     "FAST_ATOL",
@@ -23,8 +25,9 @@ __all__ = [
     "NONDET_TOL",
     "SLOW_ATOL",
     "SLOW_RTOL",
+    "FirstDerivatives",
     "JacobianMismatch",
-    "first_derivative_mismatch",
+    "check_first_derivatives",
     "jacobian_mismatch",
     "resolving_steps",
     "unresolvable_outputs",
@@ -166,19 +169,53 @@ def resolving_steps(outputs: Sequence[Any], atol: float) -> tuple[float, ...]:
     return tuple(steps)
 
 
-def first_derivative_mismatch(call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], *, nondet_tol: float = 0.0) -> str | None:
-    """What ``torch.autograd.gradcheck`` says is wrong with ``call``'s first derivatives at ``wrt``
-    (float64), at the gradcheck contract's settings (fast mode past GRADCHECK_FAST_MODE_ELEMENTS),
-    or None where they are right."""
-    inputs = tuple(t.detach().clone().requires_grad_() for t in wrt)
-    numel = sum(t.numel() for t in inputs) + sum(o.numel() for o in _differentiable(call(*inputs)))
-    fast = numel > GRADCHECK_FAST_MODE_ELEMENTS
+@dataclass(frozen=True)
+class FirstDerivatives:
+    """The gradcheck contract's verdict on one case's first derivatives: its settings and what
+    torch.autograd.gradcheck raised (None: right)."""
+
+    fast: bool
+    atol: float
+    rtol: float
+    nondet_tol: float
+    error: GradcheckError | None
+
+
+def check_first_derivatives(
+    call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], outputs: Sequence[Any], *, fast: bool,
+    nondeterministic: bool, brief: bool,
+) -> FirstDerivatives:
+    """``torch.autograd.gradcheck`` in float64 by the gradcheck contract's rules (shared with
+    gradgradcheck, which blames gradcheck only where they fail): fast mode when ``fast`` or past
+    GRADCHECK_FAST_MODE_ELEMENTS; two backward calls that differ by rounding only judged at
+    NONDET_TOL (the determinism contract's finding); outputs so large that central differences are
+    mostly rounding checked again at :func:`resolving_steps`. ``brief``: without torch's slow-mode
+    recomputation for its message."""
+    wrt = tuple(wrt)
+    numel = sum(t.numel() for t in wrt) + sum(o.numel() for o in outputs if isinstance(o, torch.Tensor))
+    fast = fast or numel > GRADCHECK_FAST_MODE_ELEMENTS
     atol, rtol = (FAST_ATOL, FAST_RTOL) if fast else (SLOW_ATOL, SLOW_RTOL)
+    nondet_tol = NONDET_TOL if nondeterministic else 0.0
+    error = _gradcheck_error(call, wrt, atol, rtol, fast, nondet_tol, brief=brief)
+    if error is not None and nondet_tol == 0.0 and gradcheck_not_reentrant(str(error)):
+        nondet_tol = NONDET_TOL
+        error = _gradcheck_error(call, wrt, atol, rtol, fast, nondet_tol, brief=brief)
+    if error is not None and not gradcheck_not_reentrant(str(error)):
+        steps = resolving_steps(outputs, atol)
+        if any(_gradcheck_error(call, wrt, atol, rtol, fast, nondet_tol, brief=True, eps=step) is None for step in steps):
+            error = None
+    return FirstDerivatives(fast, atol, rtol, nondet_tol, error)
+
+
+def _gradcheck_error(
+    call: Callable[..., Sequence[Any]], wrt: tuple[torch.Tensor, ...], atol: float, rtol: float, fast: bool, nondet_tol: float,
+    *, brief: bool, eps: float = FD_EPS,
+) -> GradcheckError | None:
     try:
-        torch.autograd.gradcheck(call, inputs, eps=FD_EPS, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol)
+        with without_slow_mode_jacobians() if brief and fast else contextlib.nullcontext():
+            torch.autograd.gradcheck(call, wrt, eps=eps, atol=atol, rtol=rtol, fast_mode=fast, nondet_tol=nondet_tol)
     except GradcheckError as error:
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-        return f"{first} [torch.autograd.gradcheck, float64, {'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]"
+        return error
     return None
 
 

@@ -361,15 +361,28 @@ def _finite(value: float) -> bool:
         return False
 
 
-def _nonfinite_mismatch(actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:
-    """Positions where the truth is checked but ``actual`` is not finite, or the truth is NaN/inf
-    and ``actual`` is finite. Which non-finite value is not compared: where the float64 truth
-    overflows, its own +-inf or NaN is as much an artifact of its arithmetic (a product of eleven
-    1e30s, past float64's range) as a definition, and the tested dtype's own op gives NaN where
-    it gives inf (a new user's correct cumprod failed on that kind alone)."""
+def _nonfinite_mismatch(
+    actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor, baseline: torch.Tensor | None
+) -> torch.Tensor:
+    """Positions where the truth is checked but ``actual`` is not finite, the truth is NaN/inf and
+    ``actual`` is finite, or ``actual`` is another non-finite value than the truth's -- unless
+    plain PyTorch in the tested dtype (``baseline``) is another one there too: past float64's
+    range the truth's own inf or NaN is an artifact as often as a definition (a float32 cumprod
+    of 1e30s gives NaN where the float64 truth has -inf; a new user's correct one failed on that).
+    A NaN where the truth and the baseline agree on -inf (a fully masked row's max-shift) fails."""
     bad_checked = checked & ~torch.isfinite(actual)
-    bad_nonfinite = ~torch.isfinite(truth) & torch.isfinite(actual)
-    return bad_checked | bad_nonfinite
+    nonfinite = ~torch.isfinite(truth)
+    bad_finite = nonfinite & torch.isfinite(actual)
+    other_kind = nonfinite & ~torch.isfinite(actual) & ~_same_value(actual, truth)
+    if baseline is not None and baseline.shape == truth.shape:
+        plain = baseline.detach().to("cpu", torch.float64)
+        other_kind &= ~(~torch.isfinite(plain) & ~_same_value(plain, truth))
+    return bad_checked | bad_finite | other_kind
+
+
+def _same_value(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise equal, NaN equal to NaN."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
 def _shown(actual: torch.Tensor, truth: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:
@@ -393,13 +406,14 @@ def compare_finiteness(
     where: str,
 ) -> Comparison | None:
     """Non-finite values must sit exactly where the truth has them: finite wherever
-    :func:`checked_positions` holds, non-finite (NaN or either inf) where the truth is."""
+    :func:`checked_positions` holds, the same NaN/+-inf where the truth is NaN/+-inf, unless
+    ``baseline`` (plain PyTorch in ``dtype``) is another non-finite value there too."""
     if bool(torch.isfinite(actual).all()) and bool(torch.isfinite(truth).all()):
         return None  # the common case, with nothing non-finite to place (a tenth of the ops below)
     actual64 = actual.detach().to("cpu", torch.float64)
     truth64 = truth.detach().to("cpu", torch.float64)
     checked = checked_positions(truth64, dtype, baseline)
-    bad = _nonfinite_mismatch(actual64, truth64, checked)
+    bad = _nonfinite_mismatch(actual64, truth64, checked, baseline)
     if dtype == torch.float64:
         # A float64 truth has no headroom over a float64 input: its NaN/inf is as likely its own
         # overflow (a variance of 1e300-sized values) as a definition. Only finiteness counts.
@@ -416,7 +430,7 @@ def compare_finiteness(
         )
     else:
         summary = (
-            f"{what}[{', '.join(map(str, index))}]={got}, but should be non-finite like the float64 reference ({want}); "
+            f"{what}[{', '.join(map(str, index))}]={got}, but should be {want} like the float64 reference; "
             f"{count} of {bad.numel()} non-finite positions differ [{where}]"
         )
     details = finiteness_report(actual64, truth64, bad)

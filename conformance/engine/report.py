@@ -96,6 +96,7 @@ class TestContext:
     # The first advice (performance or hygiene of correct code) an example gave: the test passes
     # with it, unless a defect fails it.
     advice: ContractFailure | None = None
+    upstream: UpstreamFailure | None = None  # torch's bug noted while the contract went on checking
 
     def use_case(self, case: Case) -> None:
         """The case now being checked: failure reports describe it and rebuild it."""
@@ -144,8 +145,10 @@ def upstream_noted(summary: str, *details: str) -> None:
     records advice: the contract goes on checking correctness, a defect it finds later still
     fails the test, and a test that passes is concluded as upstream."""
     context = current_context()
-    if context is not None and context.advice is None:
-        context.advice = contract_failure(summary, *details, kind=UpstreamFailure)
+    if context is not None and context.upstream is None:
+        found = contract_failure(summary, *details, kind=UpstreamFailure)
+        assert isinstance(found, UpstreamFailure)
+        context.upstream = found
 
 
 def upstream(summary: str, *details: str) -> NoReturn:

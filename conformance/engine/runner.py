@@ -620,12 +620,17 @@ class Target:
                 Outcome.FAILED, message, rerun=self.rerun, message=message, unmet_expectations=labels
             ))
             pytest.fail(message, pytrace=False)
-        advice = self.context.advice if self.context is not None else None
-        if isinstance(advice, UpstreamFailure):
-            self._inform(advice, Outcome.UPSTREAM, "upstream", unmet=labels)  # no script: the example passes
-            return
-        if advice is not None:
-            self._inform(advice, Outcome.ADVICE, "advice", unmet=labels)
+        noted = [
+            (found, outcome, tier)
+            for found, outcome, tier in (
+                (self.context.upstream if self.context is not None else None, Outcome.UPSTREAM, "upstream"),
+                (self.context.advice if self.context is not None else None, Outcome.ADVICE, "advice"),
+            )
+            if found is not None
+        ]
+        if noted:  # the one that fails this run (--advice=fail, --upstream=fail) first, else torch's bug
+            found, outcome, tier = next((n for n in noted if n[2] in self.options.fail_on), noted[0])
+            self._inform(found, outcome, tier, unmet=labels)  # no script: the example passes
             return
         self.conclude(Verdict(Outcome.PASSED, rerun=self.rerun, unmet_expectations=labels))
 

@@ -100,7 +100,7 @@ def _likely_causes(fn: Any, device: str, low_name: str, narrowed: Sequence[str],
         f"Backward returned {line}: the engine casts it back after the precision is lost."
         for line in narrowed if line.partition(".dtype=")[0] in failing
     ]
-    if autocast_device(fn) != device and "grad[" in summary.partition(" [")[0]:
+    if autocast_device(fn) != device and "grad[" in failing:
         causes.append(
             f"Without custom_fwd, forward's matmuls ran in {low_name} and backward reads float32: the usual cause is a "
             f"statistic saved from {low_name} scores (a log-sum-exp, a row max) that backward combines with values it "

@@ -620,14 +620,9 @@ class Target:
                 Outcome.FAILED, message, rerun=self.rerun, message=message, unmet_expectations=labels
             ))
             pytest.fail(message, pytrace=False)
-        noted = [
-            (found, outcome, tier)
-            for found, outcome, tier in (
-                (self.context.upstream if self.context is not None else None, Outcome.UPSTREAM, "upstream"),
-                (self.context.advice if self.context is not None else None, Outcome.ADVICE, "advice"),
-            )
-            if found is not None
-        ]
+        context = self.context
+        candidates = () if context is None else ((context.upstream, Outcome.UPSTREAM, "upstream"), (context.advice, Outcome.ADVICE, "advice"))
+        noted = [(found, outcome, tier) for found, outcome, tier in candidates if found is not None]
         if noted:  # the one that fails this run (--advice=fail, --upstream=fail) first, else torch's bug
             found, outcome, tier = next((n for n in noted if n[2] in self.options.fail_on), noted[0])
             self._inform(found, outcome, tier, unmet=labels)  # no script: the example passes

@@ -30,9 +30,10 @@ from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, 
 from conformance.engine.numerics import exactly_equal
 from conformance.engine.probe import BackwardCall, Recorder, forget_probe_classes, probe, record_into
 from conformance.engine.provenance import BackwardOps, extra_ops
-from conformance.engine.report import ContractFailure, fail
+from conformance.engine.report import ContractFailure, advise, fail, upstream_noted
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.stack_room import with_room
+from conformance.engine.verdict import Verdict as RecordedVerdict
 from conformance.engine.watchdog import (
     HARD_SLACK,
     ExampleTimeout,
@@ -1106,3 +1107,26 @@ def test_finite_differences_take_a_larger_step_only_where_rounding_hides_the_tol
     moderate = torch.tensor([2e4], dtype=torch.float64, requires_grad=True) * 1
     assert resolving_steps([moderate], 1e-5) == pytest.approx((1e-5,))
     assert resolving_steps([torch.tensor([1e9], dtype=torch.float64)], 1e-5) == ()  # no gradient flows from it
+
+
+@pytest.mark.parametrize(("fail_on", "outcome"), [(frozenset({"defect"}), "upstream"), (frozenset({"defect", "advice"}), "failed")])
+def test_a_noted_upstream_finding_keeps_later_advice(fail_on: frozenset[str], outcome: str) -> None:
+    """compile notes Dynamo's internal error as upstream and goes on; a recompile found later is
+    advice. Both are kept: torch's bug is the verdict, unless --advice=fail makes the advice the
+    one that fails the run (it shared advice's slot, so the later advice was dropped)."""
+    spec = make_spec([Tensor("x", "n")])
+    target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 1}, fail_on=fail_on))
+
+    def check(target: Target, data: Any) -> None:
+        target.draw_case(data)
+        upstream_noted("torch's bug: Dynamo failed internally")
+        advise("compiled 3 variants for 3 calls")
+        target.checked()
+
+    if outcome == "failed":
+        with pytest.raises(pytest.fail.Exception, match="compiled 3 variants"):
+            target.run(check)
+    else:
+        target.run(check)
+    verdict = RecordedVerdict.of(target.user_properties)
+    assert verdict is not None and verdict.outcome.value == outcome, verdict

@@ -7,7 +7,9 @@ import gc
 import importlib
 import json
 import os
+import stat
 import sys
+import tempfile
 import textwrap
 import types
 from typing import Any
@@ -17,6 +19,7 @@ import torch
 
 from autograd_conformance_plugin import FLIGHT_DIR_KEY, WorkersFirst, runs_tests_here
 from conformance.engine import runner
+from conformance.engine.literals import SHARED_HOME_PREFIX, shared_hypothesis_home
 from conformance.engine.loader import load_impls
 from conformance.engine.verdict import Verdict as RecordedVerdict
 from conformance.plugin import collection
@@ -208,6 +211,8 @@ def test_no_hypothesis_folder_in_the_project(pytester: pytest.Pytester, monkeypa
     """The suite keeps no example database; Hypothesis's constants cache goes to pytest's cache
     (or a temporary folder), not into `.hypothesis/` where the user runs."""
     monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
+    temp = pytester.mkdir("temp")
+    monkeypatch.setenv("TMPDIR", str(temp))
     pytester.makepyfile(tiny_ops=TINY_SPEC)
     ini = pytester.makeini("[pytest]\n")  # the user's project, not this repository's pyproject (no:cacheprovider)
     args = [str(CONFORMANCE_DIR), "--impl=tiny_ops.py", "--max-examples=2", "--device=cpu", "--contracts=grad_meta,reference",
@@ -215,34 +220,57 @@ def test_no_hypothesis_folder_in_the_project(pytester: pytest.Pytester, monkeypa
     result = pytester.runpytest_subprocess(*args, *([] if cacheprovider else ["-p", "no:cacheprovider"]))
     result.assert_outcomes(passed=2)
     assert not (pytester.path / ".hypothesis").exists()
+    left = sorted(p.name for p in temp.iterdir() if not p.name.startswith("pytest-of-"))  # pytest's own basetemp
     if cacheprovider:
         assert any((pytester.path / ".pytest_cache" / "d" / "autograd-conformance-hypothesis").rglob("*"))
+        assert left == []
+    else:
+        assert left == [f"{SHARED_HOME_PREFIX}{os.getuid()}"]
 
 
-def test_a_worker_without_a_cache_keeps_hypothesis_files_in_its_controllers_folder(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker killed by a crashing Function never runs its clean-up: its Hypothesis folder is in
-    the flight folder its controller removes (each crash under -n left a temporary folder)."""
+def test_without_a_cache_hypothesis_files_go_to_one_shared_folder_per_user(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process killed by a crashing Function never runs its clean-up: each such run (serial or
+    an xdist worker) left a temporary folder behind. Without pytest's cache every run now uses
+    the user's one folder, private to them; where that name is a link or open to others, a fresh
+    folder that the clean-up removes."""
     from hypothesis import configuration
 
     monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
-    made: list[str] = []
-    monkeypatch.setattr(session_module.tempfile, "TemporaryDirectory", lambda **kwargs: made.append("scratch"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     cleanups: list[Any] = []
-    config = types.SimpleNamespace(add_cleanup=cleanups.append, workerinput={FLIGHT_DIR_KEY: str(tmp_path), "workerid": "gw3"})
+    config = types.SimpleNamespace(add_cleanup=cleanups.append, workerinput={"workerid": "gw3"})
+
     def home() -> Any:
         return vars(configuration).get("__hypothesis_home_directory")
 
     before = home()
-    session_module._move_hypothesis_home(config)  # type: ignore[arg-type]
-    try:
-        assert home() == tmp_path / "hypothesis-gw3"
-        assert (tmp_path / "hypothesis-gw3").is_dir() and made == []
-    finally:
-        for cleanup in reversed(cleanups):
-            cleanup()
-    assert home() == before
+    for _ in range(2):
+        session_module._move_hypothesis_home(config)  # type: ignore[arg-type]
+        try:
+            assert home() == tmp_path / f"{SHARED_HOME_PREFIX}{os.getuid()}"
+        finally:
+            for cleanup in reversed(cleanups):
+                cleanup()
+            cleanups.clear()
+        assert home() == before
+    assert [p.name for p in tmp_path.iterdir()] == [f"{SHARED_HOME_PREFIX}{os.getuid()}"]
+    assert stat.S_IMODE((tmp_path / f"{SHARED_HOME_PREFIX}{os.getuid()}").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("unsafe", ["link", "open to others"])
+def test_a_shared_hypothesis_folder_not_safely_ours_is_not_used(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, unsafe: str) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"{SHARED_HOME_PREFIX}{os.getuid()}"
+    if unsafe == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        shared.symlink_to(tmp_path / "elsewhere")
+    else:
+        shared.mkdir()
+        shared.chmod(0o777)
+    home, cleanup = shared_hypothesis_home()
+    assert home.parent == tmp_path and home.name.startswith(SHARED_HOME_PREFIX) and home != shared
+    cleanup()
+    assert not home.exists() and (shared.is_symlink() or shared.is_dir())
 
 
 THREAD_SPEC = textwrap.dedent(

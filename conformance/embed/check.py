@@ -32,7 +32,7 @@ from _pytest.outcomes import OutcomeException
 
 from autograd_conformance_plugin import PROFILES
 from conformance.engine.contract import ContractInfo, admit, discover
-from conformance.engine.literals import Literals, snapshot
+from conformance.engine.literals import Literals, shared_hypothesis_home, snapshot
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
@@ -366,10 +366,10 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
 
     user_threads = torch.get_num_threads()
     previous_home = vars(configuration).get("__hypothesis_home_directory")
-    hypothesis_home = None
+    forget_home = None
     if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):  # no .hypothesis/ in the caller's folder
-        hypothesis_home = tempfile.TemporaryDirectory(prefix="conformance-check-hypothesis-")
-        configuration.set_hypothesis_home_dir(hypothesis_home.name)
+        home, forget_home = shared_hypothesis_home()
+        configuration.set_hypothesis_home_dir(home)
     flight_dir = Path(tempfile.mkdtemp(prefix="conformance-check-flight-"))
     flight = FlightRecorder(flight_dir, "check")
     repro_dir = Path(tempfile.mkdtemp(prefix="conformance-check-repro-"))
@@ -382,9 +382,9 @@ def _run_scope(threads: int) -> Iterator[tuple[FlightRecorder, Path]]:
         shutil.rmtree(flight_dir, ignore_errors=True)
         if not any(repro_dir.iterdir()):
             repro_dir.rmdir()  # kept only when it holds a failure's script
-        if hypothesis_home is not None:
+        if forget_home is not None:
             configuration.set_hypothesis_home_dir(previous_home)
-            hypothesis_home.cleanup()
+            forget_home()
 
 
 def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *, flight: FlightRecorder,

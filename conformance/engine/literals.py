@@ -27,10 +27,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
+import os
+import stat
 import sys
+import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -201,3 +205,26 @@ def drawing_from(literals: Literals | None) -> Iterator[None]:
         yield
     finally:
         providers._get_local_constants, providers.CONSTANTS_CACHE = saved
+
+
+SHARED_HOME_PREFIX = "autograd-conformance-hypothesis-"
+
+
+def shared_hypothesis_home() -> tuple[Path, Callable[[], None]]:
+    """A folder for Hypothesis's files (its cache of the constants it reads in source files; the
+    suite keeps no example database) when the caller has none: one per user in the temporary
+    directory, reused by every run, so that a process a crashing Function kills leaves nothing
+    new behind (a folder per run leaked one per crash). Where that folder is not safely this
+    user's alone (someone else's, a link, open to others), a fresh temporary folder instead. The
+    callable removes what this call made for the run alone (nothing for the shared folder)."""
+    user = getattr(os, "getuid", lambda: "user")()
+    shared = Path(tempfile.gettempdir()) / f"{SHARED_HOME_PREFIX}{user}"
+    with contextlib.suppress(OSError):
+        shared.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(shared)
+        if stat.S_ISDIR(found.st_mode) and found.st_uid == getattr(os, "getuid", lambda: found.st_uid)() \
+                and not found.st_mode & 0o077:
+            return shared, lambda: None
+    scratch = tempfile.TemporaryDirectory(prefix=SHARED_HOME_PREFIX)
+    return Path(scratch.name), scratch.cleanup
+

@@ -34,7 +34,7 @@ from autograd_conformance_plugin import CONTRACT_FIXTURE, DTYPE_NAMES, FLIGHT_DI
 from conformance.engine.author_code import Executed, Region, Tracer, regions_of
 from conformance.engine.contract import ContractInfo, admit, discover
 from conformance.engine.expectations import Expectations
-from conformance.engine.literals import Literals, snapshot
+from conformance.engine.literals import Literals, shared_hypothesis_home, snapshot
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.probe import forget_probe_classes
@@ -459,11 +459,10 @@ def _outcome_and_reason(report: pytest.TestReport, verdict: Verdict | None) -> t
 def _move_hypothesis_home(config: pytest.Config) -> None:
     """Keep Hypothesis's home folder (its cache of the constants it finds in source files) out of
     the user's project: `.hypothesis/` in the current directory by default, although the suite
-    uses no example database. It goes into pytest's cache, else a temporary folder removed after
-    the run; HYPOTHESIS_STORAGE_DIRECTORY, when set, is left to decide. An xdist worker without a
-    cache uses a folder inside the one its controller gave it for flight records: the controller
-    removes that one after the run, also when a crashing Function killed the worker (whose own
-    clean-up never runs)."""
+    uses no example database. It goes into pytest's cache, else into the user's one shared folder
+    in the temporary directory (``literals.shared_hypothesis_home``: nothing left behind by a
+    process a crashing Function kills, serial or an xdist worker); HYPOTHESIS_STORAGE_DIRECTORY,
+    when set, is left to decide."""
     if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         return
     from hypothesis import configuration
@@ -475,14 +474,9 @@ def _move_hypothesis_home(config: pytest.Config) -> None:
             home = Path(cache.mkdir("autograd-conformance-hypothesis"))
         except OSError:
             home = None
-    workerinput = getattr(config, "workerinput", {})
-    if home is None and FLIGHT_DIR_KEY in workerinput:
-        home = Path(workerinput[FLIGHT_DIR_KEY]) / f"hypothesis-{workerinput.get('workerid', 'worker')}"
-        home.mkdir(exist_ok=True)
     if home is None:
-        scratch = tempfile.TemporaryDirectory(prefix="autograd-conformance-hypothesis-")
-        config.add_cleanup(scratch.cleanup)
-        home = Path(scratch.name)
+        home, cleanup = shared_hypothesis_home()
+        config.add_cleanup(cleanup)
     previous = vars(configuration).get("__hypothesis_home_directory")  # restored for in-process runs
     configuration.set_hypothesis_home_dir(home)
     config.add_cleanup(lambda: configuration.set_hypothesis_home_dir(previous))

@@ -103,6 +103,15 @@ def test_layernorm_forgetting_eps_in_backward_fails_stability(numeric_bugs) -> N
     assert "LayerNormNoEpsBackward.backward" in text
 
 
+def test_a_backward_dividing_by_the_input_fails_stability_at_a_row_of_zeros(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
+    # Random values are never exactly 0: the degenerate family's rows of zeros meet the 0/0 (a trial's
+    # cumprod backward went uncaught on every seed before).
+    text = numeric_bugs.failed("stability", "prod_dividing_by_input")
+    assert "grad['x']" in text and "=nan, but should be finite" in text, text
+    assert "exactly 0" in text and "ProdDividingByInput.backward" in text, text
+    numeric_bugs.passed("reference", "prod_dividing_by_input")
+
+
 def test_masked_attention_nan_rows_fails_stability(numeric_bugs) -> None:  # type: ignore[no-untyped-def]
     # Every example also checks the degenerate family, whose masks fully mask a row.
     text = numeric_bugs.failed("stability", "masked_attention_nan_rows")
@@ -133,7 +142,9 @@ def test_an_output_of_another_dtype_than_the_references_fails_reference(zoo_run)
 
 
 @pytest.mark.parametrize(
-    "name", ["stable_logsumexp", "stable_softmax", "layer_norm_ok", "masked_attention_ok", "double_minus_x"]
+    "name", ["stable_logsumexp", "stable_softmax", "layer_norm_ok", "masked_attention_ok", "double_minus_x", "prod_of_others",
+             # finite where its formula reference is 0/0 (a row of zeros): no defect
+             "guarded_unit_normalize"]
 )
 def test_correct_counterparts_pass(numeric_bugs, name: str) -> None:  # type: ignore[no-untyped-def]
     numeric_bugs.passed("reference", name)

@@ -4,7 +4,7 @@ stability contracts.
 Each bug is the kind users report as NaN/Inf in backward or as low-precision drift: a
 log-sum-exp and a softmax without the max shift, a softmax whose backward reduction runs in
 float16, a LayerNorm whose backward forgets eps, masked attention that returns NaN for fully
-masked rows. ``double_minus_x`` is exact-reference bait: its reference (2x) is exact in float16,
+masked rows, a product whose backward divides by the input (NaN at a zero). ``double_minus_x`` is exact-reference bait: its reference (2x) is exact in float16,
 so the baseline error is 0 and only the rounding-step floor lets a correct op pass.
 """
 
@@ -272,3 +272,65 @@ class DoubleMinusX(torch.autograd.Function):
 
 
 register(DoubleMinusX, name="double_minus_x", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 2, dtypes=ALL)
+
+
+# --------------------------------------------------------------------------- zeros
+
+
+class ProdDividingByInput(torch.autograd.Function):
+    """prod over the last dim, backward as ``g * prod / x``: right wherever no element is 0, 0/0
+    = NaN at a zero, where the truth (the product of the others) is finite. Random values are
+    never exactly 0: only stability's rows of zeros meet it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.prod(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        x, out = ctx.saved_tensors
+        return (g * out).unsqueeze(-1) / x
+
+
+class ProdOfOthers(ProdDividingByInput):
+    """The same backward as the product of the other elements (exclusive cumulative products from
+    both ends): finite at zeros."""
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        x, _ = ctx.saved_tensors
+        ones = torch.ones_like(x[..., :1])
+        before = torch.cat([ones, x[..., :-1]], -1).cumprod(-1)
+        after = torch.cat([x[..., 1:], ones], -1).flip(-1).cumprod(-1).flip(-1)
+        return g.unsqueeze(-1) * before * after
+
+
+for _fn, _name in ((ProdDividingByInput, "prod_dividing_by_input"), (ProdOfOthers, "prod_of_others")):
+    register(_fn, name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: x.prod(-1), dtypes=ALL)
+
+
+class GuardedUnitNormalize(torch.autograd.Function):
+    """x / max(|x|, eps) over the last dim against the formula x / |x|, which is 0/0 at a row of
+    zeros: the guarded kernel's finite values there are no defect (stability's zero rows judge
+    only non-finite values where the truth is finite)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        norm = x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        ctx.save_for_backward(x, norm)
+        return x / norm
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        x, norm = ctx.saved_tensors
+        y = x / norm
+        return (g - y * (g * y).sum(-1, keepdim=True)) / norm
+
+
+register(
+    GuardedUnitNormalize, name="guarded_unit_normalize", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x / x.norm(dim=-1, keepdim=True), dtypes=ALL,
+)
+

@@ -6,7 +6,7 @@
   ``FAST_ATOL``: fast mode scales atol by sum(u) * sum(v), so the default atol=1e-5 would let a
   visibly wrong second derivative through (see test_gradcheck.py).
 * ``double_backward=False``: differentiating the gradient should RAISE, which is what
-  ``@once_differentiable`` does. A gradient that silently detaches (backward under ``no_grad``,
+  ``@once_differentiable`` does (or backward itself under ``create_graph=True``, where it runs without). A gradient that silently detaches (backward under ``no_grad``,
   ``.detach()``) or a double backward that silently runs with wrong numbers (gradgradcheck in
   float64) fails: a gradient penalty built on it trains with a wrong or missing term and nobody is
   told. A double backward that runs and is right is advice: declare it, or add
@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.defects import Blocked, Defect
+from conformance.engine.defects import Blocked, Crash, Defect
 from conformance.engine.evaluate import (
     backward_every_leaf,
     blocked_by_undeclared_writes,
@@ -52,7 +52,7 @@ from conformance.engine.finite_differences import (
 )
 from conformance.engine.harness import fixed_rng
 from conformance.engine.probe import Recorder
-from conformance.engine.report import advise, fail, user_frames
+from conformance.engine.report import ContractFailure, advise, fail, user_frames
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
     is_once_differentiable_node,
@@ -60,7 +60,7 @@ from conformance.engine.torch_text import (
     raised_by_once_differentiable,
     without_slow_mode_jacobians,
 )
-from conformance.engine.triton_interpreter import interpreter_limit
+from conformance.engine.triton_interpreter import InterpreterLimit, interpreter_limit
 from strategies.cases import Case, CaseOptions
 
 FAST_MODE_ELEMENTS = 24  # slow mode costs ~3 double-backward passes per element: keep it for tiny cases
@@ -323,7 +323,18 @@ def _same_data(saved: torch.Tensor, arg: Any) -> bool:
 def _check_refuses_double_backward(
     target: Target, case: Case, call: Any, wrt: tuple[torch.Tensor, ...], names: list[str]
 ) -> None:
-    _, grads = _first_grads(call, case, wrt)
+    try:
+        _, grads = _first_grads(call, case, wrt)
+    except (ContractFailure, Blocked, Crash, InterpreterLimit):
+        raise
+    except Exception:
+        # Backward itself refusing to build a graph (``assert not grad.requires_grad``, a raise under
+        # grad mode, as revtorch does) is a refusal too, where the same backward runs without
+        # create_graph; a backward that raises either way is a crash, for its owner.
+        outputs = _diff_outputs(call(*wrt))
+        gradients(outputs, wrt, case.grad_outputs(outputs, dtype=case.dtype))
+        target.checked()
+        return  # refused, as declared
     for name, grad in zip(names, grads):
         # An identically zero gradient is trivially right to every order.
         if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):

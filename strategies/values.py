@@ -44,8 +44,9 @@ DOMAINS = ("real", "positive", "nonzero", "unit")
 Domain = Union[str, tuple[float, float]]
 MASK_KINDS = ("random", "all_true", "causal", "padding", "masked_rows")
 # Value patterns on top of a domain: ties (few distinct values, so max/sort/median must break
-# ties) and near_zero (exact zeros and tiny values, where |x|, relu and division have kinks).
-VALUE_PATTERNS = ("random", "ties", "near_zero")
+# ties), near_zero (exact zeros and tiny values, where |x|, relu and division have kinks) and
+# ascending (every dim increasing: the maximum last, in a blocked kernel's last block).
+VALUE_PATTERNS = ("random", "ties", "near_zero", "ascending")
 
 
 def distinct_seed(seed: int, name: str) -> int:
@@ -114,7 +115,9 @@ def tensor_from_seed(
     ``(low, high)``: the inner 90% of the interval. ``constant_rows`` repeats the first element of
     each last-dim row along it (ties, zero variance). ``pattern``: ``random``; ``ties`` (values
     rounded to a few levels, so many elements are exactly equal); ``near_zero`` (``real`` domain
-    only: about a third exact zeros and a third within ±1e-3 * scale). ``spacing > 0`` (for
+    only: about a third exact zeros and a third within ±1e-3 * scale); ``ascending`` (the values,
+    on the real line their magnitudes, sorted in row-major order: every dim increasing, so a
+    blocked reduction's maximum lies in its last block). ``spacing > 0`` (for
     finite differences, see :func:`spread`): no two elements closer than ``spacing``, none
     closer than ``spacing`` to a ``kinks`` location. Use it to rebuild any drawn input in a repro.
     """
@@ -167,6 +170,13 @@ def _float64_values(
     elif pattern == "near_zero":
         which = torch.randint(0, 3, shape, generator=generator, dtype=torch.int64, device="cpu")
         values = torch.where(which == 0, torch.zeros_like(values), torch.where(which == 1, values * 1e-3, values))
+    elif pattern == "ascending":
+        # Row-major order, every dim increasing: the largest element last along each dim (a blocked
+        # reduction's running max moves in its last block). On the real line (and nonzero's) the
+        # magnitudes, so that a product of two such tensors (scores q @ k.T) increases too.
+        if domain in ("real", "nonzero"):
+            values = values.abs()
+        values = values.flatten().sort().values.reshape(shape)
     if constant_rows and values.ndim >= 1 and values.shape[-1] > 0:
         values = values[..., :1].expand(shape).clone()
     if spacing:

@@ -32,6 +32,8 @@ CORNER_BUGS = {
     "row_tail_unwritten": ("unwritten_memory", "x: tensor(17, 1)"),
     # The simplest vmap draw batches the first input last (every corner makes it).
     "vmap_out_dims_where_it_came_in": ("func", "in_dims=(1, None)"),
+    # The n = 17 corner with ascending values: the maximum in the one-element last block.
+    "online_max_in_last_block": ("reference", "x: tensor(17,)"),
 }
 
 

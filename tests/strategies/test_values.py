@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import find, given, settings
@@ -123,6 +125,10 @@ def test_tensor_domains(data: st.DataObject) -> None:
     domain = data.draw(st.sampled_from([*DOMAINS, (-3.0, -1.0)]), label="domain")
     x = data.draw(tensors((4, 6), torch.float64, domain=domain, patterns=("random", "ties"), extreme=True), label="x")
     assert x.shape == (4, 6) and x.dtype == torch.float64 and bool(x.isfinite().all())
+    _assert_in_domain(x, domain)
+
+
+def _assert_in_domain(x: torch.Tensor, domain: Any) -> None:
     if domain == "positive":
         assert bool((x > 0).all())
     elif domain == "nonzero":
@@ -144,6 +150,19 @@ def test_value_patterns() -> None:
     assert (near == 0).any() and ((near != 0) & (near.abs() < 1e-2)).any()
     const = tensor_from_seed((3, 5), torch.float32, seed=1, constant_rows=True)
     assert bool((const == const[:, :1]).all())
+
+
+@pytest.mark.parametrize("domain", ["real", "positive", "nonzero", "unit", (-2.0, 1.0)])
+def test_ascending_values_increase_along_every_dim_and_keep_their_domain(domain: Any) -> None:
+    x = tensor_from_seed((3, 4, 5), torch.float64, seed=11, pattern="ascending", domain=domain)
+    for dim in range(3):
+        assert bool((x.diff(dim=dim) >= 0).all()), dim
+    assert x.flatten()[-1] == x.max()
+    _assert_in_domain(x, domain)
+    if domain in ("real", "nonzero"):  # magnitudes: scores q @ k.T of two such tensors increase too
+        assert bool((x >= 0).all())
+        scores = x[0] @ x[1].T
+        assert bool((scores.diff(dim=-1) >= 0).all())
 
 
 def test_same_seed_same_tensor_on_every_dtype() -> None:

@@ -1,6 +1,7 @@
 """Correct but unusual Functions: each must pass every behavioural contract.
 
-Once-differentiable ops, a straight-through estimator with a declared surrogate, a random op
+Once-differentiable ops (one by ``@once_differentiable``, one whose backward refuses create_graph
+itself, as revtorch's does), a straight-through estimator with a declared surrogate, a random op
 declared nondeterministic, and an op whose backward is itself a Function with its own backward.
 """
 
@@ -131,3 +132,26 @@ class Cube(torch.autograd.Function):
 
 
 register(Cube, name="cube", inputs=[Tensor("x", "*batch n")], reference=lambda x: x**3, dtypes=FLOATS)
+
+
+class RefusesGraphInBackward(torch.autograd.Function):
+    """x**2 whose backward refuses to be differentiated by asserting, the way revtorch's reversible
+    blocks do: under create_graph=True it raises before any double backward. A refusal, as declared."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        assert not grad_output.requires_grad, "double backward is not supported"
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad_output
+
+
+register(
+    RefusesGraphInBackward, name="refuses_graph_in_backward", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * x,
+    dtypes=FLOATS, double_backward=False,
+)
+

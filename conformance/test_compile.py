@@ -351,6 +351,17 @@ def _compile_error(target: Target, error: BaseException, backend: str, case: Cas
     __tracebackhide__ = True
     where = f"{target.spec.display_name}, torch.compile(backend={backend!r}), {str(case.dtype).removeprefix('torch.')}"
     text = " ".join(str(error).split())
+    if isinstance(error, torch._dynamo.exc.InternalTorchDynamoError):
+        # Dynamo's own code failed where it should have broken the graph (a user error is a graph
+        # break, Unsupported, or the error itself): torch's bug, whatever in the definition set it off.
+        upstream(
+            f"torch's bug: Dynamo failed internally ({type(error).__name__}) with graph breaks allowed, where it "
+            f"should break the graph; eager runs this case [{where}]",
+            f"{type(error).__name__}: {text[:1500]}",
+            *([own] if (own := _own_definition_cause(target)) else []),
+            "Workaround: call this Function outside the compiled region (decorate the caller with "
+            "torch.compiler.disable). To report it: torch.compile(fn, backend=...) on the case below.",
+        )
     _upstream_or_defect(
         target, case, backend, eager, grad_outputs,
         f"torch.compile raised {type(error).__name__}, but eager runs this case [{where}]",

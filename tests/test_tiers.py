@@ -27,6 +27,7 @@ FINDINGS: dict[str, dict[str, Outcome]] = {
     # bfloat16 gradients for float32 inputs, as native autocast's; both gradients every time
     "docs_autocast_matmul": {"autocast": Outcome.ADVICE, "unneeded_grads": Outcome.ADVICE},
     "bag_sum": {"compile": Outcome.UPSTREAM},  # Dynamo fails internally under fullgraph (repeat_interleave's size)
+    "classmethod_super_swish": {"compile": Outcome.UPSTREAM},  # ... and here with graph breaks allowed too
 }
 
 
@@ -91,6 +92,13 @@ def test_dynamos_internal_error_under_fullgraph_is_torchs_not_a_graph_break(corr
     found = correct.verdict("compile", "bag_sum").recorded
     assert found.reason.startswith("torch's bug: Dynamo failed internally under fullgraph=True (InternalTorchDynamoError"), found.reason
     assert "PendingUnbackedSymbolNotFound" in found.message and "without fullgraph=True works" in found.message
+
+
+def test_dynamos_internal_error_with_graph_breaks_allowed_is_torchs_not_a_defect(correct) -> None:  # type: ignore[no-untyped-def]
+    """A new user's trial (entmax's classmethod forwards) saw it fail as the Function's defect."""
+    found = correct.verdict("compile", "classmethod_super_swish").recorded
+    assert found.reason.startswith("torch's bug: Dynamo failed internally (InternalTorchDynamoError) with graph breaks allowed"), found.reason
+    assert "ClassmethodSuperSwish.forward is a @classmethod" in found.message and "torch.compiler.disable" in found.message
 
 
 def test_a_right_undeclared_double_backward_is_advice(correct) -> None:  # type: ignore[no-untyped-def]

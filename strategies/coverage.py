@@ -234,7 +234,7 @@ def _corners(
         return all(math.prod(i.parsed.concrete(sizes, batches)) <= max_elements for i in shaped)
 
     def fits(name: str, size: int) -> bool:
-        return within_budget({**smallest, name: size}, no_batch)
+        return within_budget({**smallest, **_with_bounding_dims({name: size}, rules)}, no_batch)
 
     def batch_fits(name: str, rows: int) -> bool:
         return within_budget(smallest, {**no_batch, name: (rows,)})
@@ -246,7 +246,8 @@ def _corners(
     small_items: list[tuple[str, int]] = []
     for name in names:
         small, big = _size_corners(name, bounds[name], rules.get(name, DimRule()), fits)
-        size_rows += [{name: s} for s in big]  # one big dim per corner, the others at their smallest
+        # One big dim per corner, the others at their smallest (a dim bounding it at least as big).
+        size_rows += [_with_bounding_dims({name: s}, rules) for s in big]
         small_items += [(name, s) for s in small]
     while small_items:  # small sizes of different dims share a corner
         row: dict[str, int] = {}
@@ -393,6 +394,21 @@ def _ranks_within(
 def _relation(sizes: Mapping[str, int], pair: tuple[str, str]) -> int:
     a, b = sizes[pair[0]], sizes[pair[1]]
     return RELATIONS.index("<" if a < b else "=" if a == b else ">")
+
+
+def _with_bounding_dims(forced: Mapping[str, int], rules: Mapping[str, DimRule]) -> dict[str, int]:
+    """``forced`` with each dim that bounds a forced one (``at_most``, ``k <= n``) at least as big,
+    through chains: a size corner of ``k`` left at ``n``'s smallest size would be cut back to it."""
+    wanted = dict(forced)
+    for _ in range(len(rules)):
+        raised = {
+            bound: size for name, size in wanted.items()
+            if (bound := rules.get(name, DimRule()).at_most) is not None and wanted.get(bound, 0) < size
+        }
+        if not raised:
+            break
+        wanted.update(raised)
+    return wanted
 
 
 def _sizes(

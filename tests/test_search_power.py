@@ -34,6 +34,8 @@ CORNER_BUGS = {
     "vmap_out_dims_where_it_came_in": ("func", "in_dims=(1, None)"),
     # The n = 17 corner with ascending values: the maximum in the one-element last block.
     "online_max_in_last_block": ("reference", "x: tensor(17,)"),
+    # L <= n: the big corner of L raises n with it.
+    "bounded_dim_past_three": ("reference", "w: tensor(17,)"),
 }
 
 

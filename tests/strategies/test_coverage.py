@@ -84,6 +84,15 @@ def test_corners_reach_past_common_and_declared_blocks_one_dim_at_a_time() -> No
         assert sorted(sizes.values())[-2] == 1, sizes
 
 
+def test_a_dim_bounded_by_another_gets_its_big_corner_with_the_bounding_dim_raised_too() -> None:
+    """A filter length L <= n was only ever drawn at 1 by the corners: its big size was cut back to
+    n's smallest (a trial's filter-bank backward, wrong from L = 4, passed the default profile)."""
+    spec = checked_spec([Tensor("x", "b n"), Tensor("w", "L")], dims=[Dim("L", max_size="n")])
+    sizes = [dict(c.sizes) for c in coverage_corners(spec, dtypes=(torch.float64,), max_elements=512, max_batch_dims=2)]
+    assert any(s["L"] == BIG_SIZES[0] and s["n"] == BIG_SIZES[0] and s["b"] == 1 for s in sizes), sizes
+    assert all(s["L"] <= s["n"] for s in sizes)
+
+
 def test_a_tight_budget_lowers_the_big_size_and_zero_is_a_corner_where_allowed() -> None:
     spec = checked_spec([Tensor("x", "r c")], dims=[Dim("r", min_size=0)])
     corners = coverage_corners(spec, dtypes=(torch.float64,), max_elements=40, max_batch_dims=2)

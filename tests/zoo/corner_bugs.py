@@ -625,3 +625,40 @@ class OnlineLogSumExpOk(OnlineLogSumExp):
 for _function, _name in ((OnlineLogSumExp, "online_max_in_last_block"), (OnlineLogSumExpOk, "online_max_in_last_block_ok")):
     register(_function, name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: torch.logsumexp(x, -1), dtypes=FLOATS)
 
+
+# a filter of length L <= n whose backward drops the gradient of taps past the third: the corners
+# drew L only at its smallest (n's smallest size capped it) until a bounded dim's big corner raised n too
+
+
+class HeadFilter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x[..., : w.shape[-1]] * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        taps = w.shape[-1]
+        gx = torch.zeros_like(x)
+        gx[..., :taps] = g * w
+        gw = (g * x[..., :taps]).reshape(-1, taps).sum(0)
+        return gx, gw.where(torch.arange(taps, device=gw.device) < 3, 0)  # the bug: taps past the third
+
+
+class HeadFilterOk(HeadFilter):
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        taps = w.shape[-1]
+        gx = torch.zeros_like(x)
+        gx[..., :taps] = g * w
+        return gx, (g * x[..., :taps]).reshape(-1, taps).sum(0)
+
+
+for _function, _name in ((HeadFilter, "bounded_dim_past_three"), (HeadFilterOk, "bounded_dim_past_three_ok")):
+    register(
+        _function, name=_name, inputs=[Tensor("x", "b n"), Tensor("w", "L")],
+        reference=lambda x, w: x[..., : w.shape[-1]] * w, dims=[Dim("L", max_size="n")], dtypes=FLOATS,
+    )
+

@@ -54,8 +54,10 @@ def test_a_correct_backward_has_no_mismatch() -> None:
         # with a one-hot grad_output, g.sum() is 1: every row gets the whole diagonal
         (lambda x, g: 2 * x * g.sum(), (0, 0), (1, 2), 4.0, 0.0, 30, "the numerical derivative is 0"),
         (lambda x, g: 2 * x * g / 0 * 0, (0, 0), (0, 0), float("nan"), -3.0, 36, "non-finite"),
+        # 2x + 0.5 where x is not 0: no constant ratio, a constant difference
+        (lambda x, g: (2 * x + 0.5) * g, (0, 2), (0, 2), 0.3, -0.2, 6, "analytical - numerical = 0.5 at every differing entry: a missing or extra term"),
     ],
-    ids=["half", "tail", "summed", "nan"],
+    ids=["half", "tail", "summed", "nan", "term"],
 )
 def test_the_worst_entry_its_count_and_pattern_are_named(
     backward: Any, at_output: Any, at_input: Any, analytical: float, numerical: float, count: int, pattern: str
@@ -69,6 +71,14 @@ def test_the_worst_entry_its_count_and_pattern_are_named(
     text = found.entry("output[0]", "x")
     want = f"d output[0][{at_output[0]}, {at_output[1]}] / d x[{at_input[0]}, {at_input[1]}]="
     assert text.startswith(want) and f"{count} of 36 entries differ" in text, text
+
+
+def test_one_differing_value_names_neither_a_factor_nor_a_term_alone() -> None:
+    """Entries that all share one derivative fit a factor and a term alike (a trial's filter bank
+    missing a padded copy's term was told "a missing or extra factor")."""
+    x = torch.full((2, 3), 0.75, dtype=torch.float64)
+    found = jacobian_mismatch(_square(lambda a, g: (2 * a + 0.5) * g), (x,), atol=1e-5, rtol=1e-3)
+    assert found is not None and "each the same derivative: a missing or extra factor or term" in found.pattern, found.pattern
 
 
 def test_the_pair_torch_named_is_the_one_located() -> None:

@@ -325,10 +325,23 @@ def _pattern(analytical: torch.Tensor, numerical: torch.Tensor, atol: float) -> 
     if bool((analytical.abs() <= atol).all()):
         return "at every differing entry the analytical derivative is 0: backward leaves out elements the output depends on"
     both = (analytical.abs() > atol) & (numerical.abs() > atol)
-    if bool(both.all()):
-        ratio = analytical / numerical
-        if float((ratio - ratio[0]).abs().max()) <= 1e-3 * abs(float(ratio[0])):
-            return f"analytical = {float(ratio[0]):.6g} x numerical at every differing entry: a missing or extra factor"
+    if not bool(both.all()):
+        return ""
+    ratio, gap = analytical / numerical, analytical - numerical
+    same_ratio = float((ratio - ratio[0]).abs().max()) <= 1e-3 * abs(float(ratio[0]))
+    same_gap = float((gap - gap[0]).abs().max()) <= 1e-3 * abs(float(gap[0]))
+    # Where every differing entry has the same numerical value, a constant ratio and a constant
+    # difference are the same observation: it cannot tell a factor from a term.
+    distinct = float((numerical - numerical[0]).abs().max()) > 1e-3 * abs(float(numerical[0]))
+    if same_ratio and distinct:
+        return f"analytical = {float(ratio[0]):.6g} x numerical at every differing entry: a missing or extra factor"
+    if same_gap and distinct:
+        return f"analytical - numerical = {float(gap[0]):.6g} at every differing entry: a missing or extra term"
+    if same_ratio:
+        return (
+            f"analytical = {float(ratio[0]):.6g} x numerical (analytical - numerical = {float(gap[0]):.6g}) at every "
+            "differing entry, each the same derivative: a missing or extra factor or term"
+        )
     return ""
 
 

@@ -271,7 +271,7 @@ SINGLE_ELEMENT_CASES = EXTREME_CASES.replace(min_size=1, max_size=1, block_sizes
 
 
 def check_stability(target: Target, data: st.DataObject) -> None:
-    for dtype in target.dtypes():
+    def check_dtype(dtype: torch.dtype) -> None:
         # Extreme magnitudes depend on the dtype's range: draw a case per dtype, each at the
         # example's coverage corner (its sizes, and its ordinary or extreme scales).
         extreme = one_extreme(target.draw_case(data, dtypes=(dtype,), cornered=True), data)
@@ -285,6 +285,8 @@ def check_stability(target: Target, data: st.DataObject) -> None:
             target.not_checked(
                 "no floating-point output or gradient: finiteness says nothing about integer or boolean results"
             )
+
+    target.per_dtype(target.dtypes(), check_dtype)
 
 
 @contract("stability", case=EXTREME_CASES, requires=[SOME_DTYPE])

@@ -132,6 +132,21 @@ def test_a_forward_that_raises_on_1d_input_is_one_failure(bugs) -> None:  # type
     assert set(outcomes.values()) <= {Outcome.FAILED, Outcome.BLOCKED, Outcome.NOT_APPLICABLE}
 
 
+@pytest.mark.parametrize("wrong", [True, False])
+def test_a_crash_in_one_dtype_leaves_the_others_checked(bugs, wrong: bool) -> None:  # type: ignore[no-untyped-def]
+    """A float64 crash blocked every dtype of every contract, hiding a float32 defect (a new user's
+    flash attention, whose float64 fill overflows, hid two planted bugs)."""
+    name = "float64_crash_wrong_float32" if wrong else "float64_crash_right_float32"
+    outcomes = _recorded(bugs, name)
+    assert "forward raised RuntimeError" in bugs.failed("return_count", name)
+    recorded = bugs.verdict("reference", name).recorded
+    if wrong:
+        assert recorded.outcome is Outcome.FAILED and "float32" in recorded.reason and "grad['x']" in recorded.reason, recorded
+    else:
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "return_count", recorded
+    assert outcomes["gradcheck"] is Outcome.BLOCKED  # float64 only: every example crashes
+
+
 def test_a_crash_on_a_stride_0_grad_output_is_layouts_alone(bugs) -> None:  # type: ignore[no-untyped-def]
     outcomes = _recorded(bugs, "crash_on_expanded_grad")
     assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["layouts"]

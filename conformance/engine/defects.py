@@ -65,11 +65,17 @@ class Defect:
 
 
 class Blocked(Exception):
-    """This contract cannot check the Function because of a defect another contract owns."""
+    """This contract cannot check the Function because of a defect another contract owns.
 
-    def __init__(self, defect: Defect, case: Case | None) -> None:
+    ``crash``: the Function raised on ``case`` alone (a forward that fails for 1-D inputs, a dtype
+    it does not support); the contract goes on with its other examples, and a defect of its own
+    on cases that run fails it. Any other block (wrong values, wrong metadata) ends the test: its
+    defect shows in many forms, which would be reported again under this contract's name."""
+
+    def __init__(self, defect: Defect, case: Case | None, *, crash: bool = False) -> None:
         self.defect = defect
         self.case = case
+        self.crash = crash
         super().__init__(f"blocked by {defect.owner}: {defect.summary}")
 
 

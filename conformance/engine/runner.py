@@ -185,6 +185,10 @@ class Target:
     # The constants Hypothesis mixes into the draws (see conformance.engine.literals): the
     # session's, taken when the run started; else taken when this test runs.
     literals: Literals | None = field(default=None, repr=False)
+    # The first example a crash owned by another contract blocked: the other examples still run
+    # (a defect of this contract's own on cases that do not crash fails the test), and unless one
+    # fails the test is blocked by it.
+    blocked: Blocked | None = field(default=None, repr=False)
 
     def dtypes(self, wanted: Sequence[torch.dtype] | None = None) -> tuple[torch.dtype, ...]:
         """The spec's dtypes, narrowed by ``--dtypes`` and by ``wanted``; without bfloat16 for a
@@ -229,6 +233,23 @@ class Target:
         """Skip: the spec waives this contract (``register(..., waivers={contract: why})``)."""
         __tracebackhide__ = True
         self._skip(Verdict(Outcome.WAIVED, reason, rerun=self.rerun))
+
+    def per_dtype(self, dtypes: Sequence[torch.dtype], check: Callable[[torch.dtype], T]) -> list[T]:
+        """``check(dtype)`` for each of ``dtypes``, for a contract that checks every dtype within
+        one example: a dtype whose call crashes where another contract owns the crash (float64 a
+        kernel does not support) is left out, and the others are still checked; the test is then
+        blocked by that crash unless a defect of its own fails it."""
+        results = []
+        for dtype in dtypes:
+            try:
+                results.append(check(dtype))
+            except Crash as crash:
+                try:
+                    self._crashed(crash)
+                except Blocked as blocked:
+                    if self.blocked is None:
+                        self.blocked = blocked
+        return results
 
     def skip_blocked(self, blocked: Blocked) -> NoReturn:
         """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
@@ -482,6 +503,7 @@ class Target:
             try:
                 self._blocked_by_a_hang()
                 property_(ReplayData(self.replay_draws))
+                self._raise_blocked()
             except ExampleAborted as aborted:
                 raise aborted.failure from None
             self._require_checked()
@@ -515,6 +537,7 @@ class Target:
                         if corner is None or isinstance(at_corner, UpstreamFailure):
                             raise
                         raise self._at_smaller_sizes(run_phase, corner, at_corner) from None
+            self._raise_blocked()
         except Blocked as blocked:
             self.skip_blocked(blocked)
         except UpstreamFailure as found:
@@ -531,6 +554,12 @@ class Target:
             raise
         self._require_checked()
         self._pass()
+
+    def _raise_blocked(self) -> None:
+        """After every example ran without a failure of this contract's own: blocked by the first
+        example another contract's defect blocked, if any."""
+        if self.blocked is not None:
+            raise self.blocked
 
     def _at_smaller_sizes(
         self, run_phase: Callable[[Corner | None, int], None], corner: Corner, failure: ContractFailure
@@ -681,7 +710,12 @@ class Target:
                 if failure.__context__ is not None and self._interpreter_limited(failure.__context__):
                     return
                 raise
-            except (Blocked, HypothesisException, ReplayMismatch, ExampleAborted):
+            except Blocked as blocked:
+                if not blocked.crash:
+                    raise
+                if self.blocked is None:
+                    self.blocked = blocked
+            except (HypothesisException, ReplayMismatch, ExampleAborted):
                 raise
             except ExampleTimeout as timeout:
                 summary = f"example took longer than {timeout.seconds:g} s, but should finish [hung in {timeout.phase}]"
@@ -740,7 +774,7 @@ class Target:
         if owner is None:
             owner = crash_owner(crash.case, self.contract, cause) if crash.case is not None else self.contract
         if owner != self.contract:
-            raise Blocked(Defect(owner, summary), crash.case)
+            raise Blocked(Defect(owner, summary), crash.case, crash=True)
         fail(summary, f"{type(cause).__name__}: {cause}", user_frames(cause), case=crash.case)
 
     def blocked_if_owned_elsewhere(self, error: BaseException) -> None:

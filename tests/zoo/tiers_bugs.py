@@ -7,6 +7,11 @@ it, every other contract that meets it "blocked by" that owner (issue "Decisive 
 * ``crash_on_expanded_grad`` (ViewGradScale): y = 2 * x; backward calls ``grad.view(-1)``, which
   raises on the stride-0 grad_output ``y.sum().backward()`` produces. A crash only a layout causes
   is layouts'; out_of_bounds and unwritten_memory meet it too and are blocked by layouts.
+* ``float64_crash_wrong_float32`` (Float32Buffer): y = 2x through a float32 buffer that forward
+  fills with ``-finfo(x.dtype).max`` -- an overflow, so float64 (listed for gradcheck) raises:
+  return_count's crash; backward returns 3g, which the float32 cases show: reference checks the
+  dtypes that run and fails too (two defects). ``float64_crash_right_float32``: the same crash with
+  a right backward: return_count fails, reference is blocked by it.
 * ``unreduced_wrong_bias`` (UnreducedWrongBias): y = x + b with b broadcast over rows; backward
   returns the unreduced gradient for b, and scaled by 2. grad_meta fails for the shape; the engine
   sums it, and gradcheck and reference see the wrong values.
@@ -52,6 +57,30 @@ class RowCenter(torch.autograd.Function):
 register(
     RowCenter, name="crash_on_1d", inputs=[Tensor("x", "*batch n")], reference=lambda x: x - x.mean(-1, keepdim=True),
 )
+
+
+def _float32_buffer(factor: float) -> type[torch.autograd.Function]:
+    class Float32Buffer(torch.autograd.Function):
+        """y = 2x through a float32 buffer initialised with the input dtype's lowest value."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            buffer = torch.full(x.shape, -torch.finfo(x.dtype).max, dtype=torch.float32)  # BUG: overflows for float64
+            buffer.copy_(x * 2)
+            return buffer.to(x.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+            return grad_out * factor
+
+    return Float32Buffer
+
+
+for _factor, _name in ((3.0, "float64_crash_wrong_float32"), (2.0, "float64_crash_right_float32")):
+    register(
+        _float32_buffer(_factor), name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 2,
+        dtypes=(torch.float64, torch.float32),
+    )
 
 
 class ViewGradScale(torch.autograd.Function):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.engine.replay import EXIT_FAILED, EXIT_PASSED
+from conformance.engine.replay import EXIT_FAILED, EXIT_NOT_CHECKED, EXIT_PASSED, load_spec
 from conformance.engine.repro import _same_case, write_script
 from conformance.spec import Tensor
 from strategies.cases import Case
@@ -130,6 +130,24 @@ def test_a_repro_script_runs_standalone_from_where_pytest_ran(zoo_run) -> None: 
     done = subprocess.run([sys.executable, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
     assert "grad['x'].dtype=torch.float32, but should be torch.float64" in done.stderr
+
+
+def test_a_repro_script_whose_spec_cannot_load_here_exits_2_not_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run from another folder than pytest's, a relative --impl is not found: the check cannot run
+    here (2); it exited 1, the code of a defect still present (a new user's trial)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repro_elsewhere_ops.py").write_text(
+        "import torch\nfrom conformance import Tensor, register\n\n"
+        "class Twice(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, x):\n        return 2 * x\n\n"
+        "    @staticmethod\n    def backward(ctx, g):\n        return 2 * g\n\n"
+        "register(Twice, name='twice', inputs=[Tensor('x', 'n')], reference=lambda x: 2 * x)\n"
+    )
+    for impl, name in (("specs.py", "mea_flash"), (str(tmp_path / "repro_elsewhere_ops.py"), "no_such_function")):
+        with pytest.raises(SystemExit) as exiting:
+            load_spec(impl, name)
+        assert exiting.value.code == EXIT_NOT_CHECKED
+        assert capsys.readouterr().err.startswith("not checked: ")
 
 
 # Runs a repro script without its final replay() call, then the Function on the judged case.

@@ -14,13 +14,13 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from _pytest.outcomes import OutcomeException
 
 from conformance.engine.defects import Blocked
-from conformance.engine.loader import load_impls
+from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.report import ContractFailure
 from conformance.engine.repro import Case, ReplayExhausted, ReplayMismatch
 from conformance.engine.runner import RunOptions, Target
@@ -33,14 +33,24 @@ EXIT_PASSED, EXIT_FAILED, EXIT_NOT_CHECKED = 0, 1, 2
 
 
 def load_spec(impl: str, name: str) -> Spec:
-    """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths)."""
+    """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths).
+    Where it cannot be loaded (a script run from another folder than the one pytest ran in), the
+    check cannot run here: exit 2 with the reason, never 1 (the defect's code)."""
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # as the plugin does, before any kernel import
-    specs = load_impls(impl)
+    try:
+        specs = load_impls(impl)
+    except ImplError as error:
+        _not_checked(f"not checked: {error} (run the script from the folder pytest ran in, as its docstring says)")
     for spec in specs:
         if spec.name == name:
             return spec
-    raise SystemExit(f"--impl={impl} registers no Function named {name!r}; it registers {[s.name for s in specs]}")
+    _not_checked(f"not checked: --impl={impl} registers no Function named {name!r}; it registers {[s.name for s in specs]}")
+
+
+def _not_checked(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(EXIT_NOT_CHECKED)
 
 
 def replay(

@@ -352,6 +352,7 @@ def _compile_error(target: Target, error: BaseException, backend: str, case: Cas
     where = f"{target.spec.display_name}, torch.compile(backend={backend!r}), {str(case.dtype).removeprefix('torch.')}"
     text = " ".join(str(error).split())
     if isinstance(error, torch._dynamo.exc.InternalTorchDynamoError):
+        blocked_by_undeclared_writes(case)  # what a compiler does with an undeclared in-place write is undefined
         # Dynamo's own code failed where it should have broken the graph (a user error is a graph
         # break, Unsupported, or the error itself): torch's bug, whatever in the definition set it off.
         upstream(

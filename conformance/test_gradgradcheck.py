@@ -52,7 +52,7 @@ from conformance.engine.finite_differences import (
 )
 from conformance.engine.harness import fixed_rng
 from conformance.engine.probe import Recorder
-from conformance.engine.report import ContractFailure, advise, fail, user_frames
+from conformance.engine.report import ContractFailure, advise, fail, suite_frame, user_frames
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
     is_once_differentiable_node,
@@ -325,9 +325,11 @@ def _check_refuses_double_backward(
 ) -> None:
     try:
         _, grads = _first_grads(call, case, wrt)
-    except (ContractFailure, Blocked, Crash, InterpreterLimit):
+    except (ContractFailure, Blocked, Crash, InterpreterLimit, torch.OutOfMemoryError):
         raise
-    except Exception:
+    except Exception as error:
+        if interpreter_limit(error) or suite_frame(error):
+            raise  # the interpreter's gap, or the suite's own error: no refusal of the Function's
         # Backward itself refusing to build a graph (``assert not grad.requires_grad``, a raise under
         # grad mode, as revtorch does) is a refusal too, where the same backward runs without
         # create_graph; a backward that raises either way is a crash, for its owner.

@@ -61,8 +61,8 @@ from conformance.engine.numerics import (
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.spec import Spec
-from strategies.cases import Case, CaseOptions
-from strategies.recipes import MaskRecipe, TensorRecipe
+from strategies.cases import Case, CaseOptions, resolve_kinks
+from strategies.recipes import MaskRecipe, ScalarRecipe, TensorRecipe
 from strategies.reuse import sampled
 from strategies.values import MASK_KINDS
 
@@ -71,10 +71,11 @@ FAMILIES = ("extreme", "degenerate", "single")
 
 def degenerate(case: Case) -> Case:
     """``case`` with constant last-dim rows in every tensor (a third of them 0 and a third tiny,
-    ``near_zero``, where the input's domain is the real line and 0 is not a declared kink) and a
-    fully masked row in every mask."""
+    ``near_zero``, where the input's domain is the real line and 0 is not one of its kinks, Scalar
+    names resolved to this case's values) and a fully masked row in every mask."""
+    scalars = {r.name: r.value for r in case.recipes if isinstance(r, ScalarRecipe)}
     recipes = tuple(
-        replace(r, constant_rows=True, pattern="near_zero" if _zeros_allowed(r, spec_input) else r.pattern)
+        replace(r, constant_rows=True, pattern="near_zero" if _zeros_allowed(r, spec_input, scalars) else r.pattern)
         if isinstance(r, TensorRecipe)
         else replace(r, mask_kind="masked_rows") if isinstance(r, MaskRecipe)
         else r
@@ -83,11 +84,10 @@ def degenerate(case: Case) -> Case:
     return replace(case, recipes=recipes, notes={**case.notes, "family": "degenerate"})
 
 
-def _zeros_allowed(recipe: TensorRecipe, spec_input: Any) -> bool:
+def _zeros_allowed(recipe: TensorRecipe, spec_input: Any, scalars: dict[str, Any]) -> bool:
     """Exact zeros are legal values of a real-line input, except at a declared kink (where no
     gradient is right or wrong)."""
-    kinks = getattr(spec_input, "kinks", ())
-    return recipe.domain == "real" and not recipe.spacing and not any(not isinstance(k, str) and k == 0 for k in kinks)
+    return recipe.domain == "real" and not recipe.spacing and 0.0 not in resolve_kinks(spec_input, scalars)
 
 
 def _has_zero_rows(case: Case) -> bool:

@@ -163,7 +163,7 @@ class Case:
         return "\n".join(lines)
 
 
-def _resolve_kinks(spec_input: Any, scalars: dict[str, Any]) -> tuple[float, ...]:
+def resolve_kinks(spec_input: Any, scalars: dict[str, Any]) -> tuple[float, ...]:
     """A Tensor input's declared kinks as numbers: Scalar names (``"-name"``: minus it) replaced
     by this call's values (the spec validated the names; a drawn non-number is an error)."""
     resolved = []
@@ -331,7 +331,7 @@ def cases(
 
     if chosen.spacing:
         scalars = {r.name: r.value for r in recipes if isinstance(r, ScalarRecipe)}
-        kinks = {i.name: _resolve_kinks(i, scalars) for i in spec.tensor_inputs}
+        kinks = {i.name: resolve_kinks(i, scalars) for i in spec.tensor_inputs}
         recipes = [
             replace(r, spacing=float(chosen.spacing), kinks=kinks[r.name]) if isinstance(r, TensorRecipe) and r.layout != "expanded" else r
             for r in recipes

@@ -147,6 +147,15 @@ def test_a_crash_in_one_dtype_leaves_the_others_checked(bugs, wrong: bool) -> No
     assert outcomes["gradcheck"] is Outcome.BLOCKED  # float64 only: every example crashes
 
 
+def test_a_crash_blocks_only_its_examples_in_every_contract(bugs) -> None:  # type: ignore[no-untyped-def]
+    """The block was raised from inside the runner's own exception handler and escaped it: every
+    contract but reference and stability still ended at the first crashing example (a review)."""
+    assert "forward raised RuntimeError (1-D input not supported)" in bugs.failed("return_count", "crash_on_1d_wrong_grad")
+    assert "analytical grad['x'] != numerical" in bugs.failed("gradcheck", "crash_on_1d_wrong_grad")
+    blocked = bugs.verdict("saved_tensors", "crash_on_1d_wrong_grad").recorded
+    assert blocked.outcome is Outcome.BLOCKED and blocked.owner == "return_count", blocked  # nothing of its own
+
+
 def test_a_crash_on_a_stride_0_grad_output_is_layouts_alone(bugs) -> None:  # type: ignore[no-untyped-def]
     outcomes = _recorded(bugs, "crash_on_expanded_grad")
     assert [c for c, o in outcomes.items() if o is Outcome.FAILED] == ["layouts"]

@@ -409,18 +409,19 @@ def compare_finiteness(
     """Non-finite values must sit exactly where the truth has them: finite wherever
     :func:`checked_positions` holds, the same NaN/+-inf where the truth is NaN/+-inf, unless
     ``baseline`` (plain PyTorch in ``dtype``) is another non-finite value there too, or
-    ``nonfinite_truth_excused`` (any value where the truth is not finite)."""
+    ``nonfinite_truth_excused`` (any value where the truth is NaN)."""
     if bool(torch.isfinite(actual).all()) and bool(torch.isfinite(truth).all()):
         return None  # the common case, with nothing non-finite to place (a tenth of the ops below)
     actual64 = actual.detach().to("cpu", torch.float64)
     truth64 = truth.detach().to("cpu", torch.float64)
     checked = checked_positions(truth64, dtype, baseline)
     bad = _nonfinite_mismatch(actual64, truth64, checked, baseline)
-    if dtype == torch.float64 or nonfinite_truth_excused:
+    if dtype == torch.float64:
         # A float64 truth has no headroom over a float64 input: its NaN/inf is as likely its own
-        # overflow (a variance of 1e300-sized values) as a definition; an excused one (a formula's
-        # 0/0 at a row of zeros) is no definition either. Only finiteness counts.
+        # overflow (a variance of 1e300-sized values) as a definition. Only finiteness counts.
         bad = checked & ~torch.isfinite(actual64)
+    elif nonfinite_truth_excused:
+        bad &= ~torch.isnan(truth64)  # a formula's 0/0 at a row of zeros is no definition
     if not bool(bad.any()):
         return None
     index = _first(bad)

@@ -244,12 +244,22 @@ class Target:
             try:
                 results.append(check(dtype))
             except Crash as crash:
-                try:
-                    self._crashed(crash)
-                except Blocked as blocked:
-                    if self.blocked is None:
-                        self.blocked = blocked
+                self._unless_crash_blocked(self._crashed, crash)
         return results
+
+    def _unless_crash_blocked(self, judge: Callable[..., None], *args: Any) -> bool:
+        """``judge(*args)`` (which fails this contract or blocks it); a block by a crash another contract
+        owns is kept for the end of the test (the first one) and True returned, so that the caller
+        goes on with its other examples or dtypes; any other block propagates."""
+        try:
+            judge(*args)
+        except Blocked as blocked:
+            if not blocked.crash:
+                raise
+            if self.blocked is None:
+                self.blocked = blocked
+            return True
+        return False
 
     def skip_blocked(self, blocked: Blocked) -> NoReturn:
         """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
@@ -711,10 +721,7 @@ class Target:
                     return
                 raise
             except Blocked as blocked:
-                if not blocked.crash:
-                    raise
-                if self.blocked is None:
-                    self.blocked = blocked
+                self._unless_crash_blocked(_reraise, blocked)
             except (HypothesisException, ReplayMismatch, ExampleAborted):
                 raise
             except ExampleTimeout as timeout:
@@ -734,11 +741,12 @@ class Target:
                     user_frames(exiting),
                 )) from None
             except Crash as crash:
-                self._crashed(crash)
+                self._unless_crash_blocked(self._crashed, crash)
             except Exception as error:
                 if self._interpreter_limited(error):
                     return
-                self._crashed_in_user_code(error, phase(_innermost_frame(error)))
+                if self._unless_crash_blocked(self._crashed_in_user_code, error, phase(_innermost_frame(error))):
+                    return
                 internal = suite_frame(error)
                 if internal:
                     fail(
@@ -813,6 +821,10 @@ class Target:
         if self.context is not None:
             self.context.interpreter_limits.setdefault(str(limit), None)
         return True
+
+
+def _reraise(error: BaseException) -> NoReturn:
+    raise error
 
 
 def _innermost_frame(error: BaseException) -> Any:

@@ -334,3 +334,26 @@ register(
     reference=lambda x: x / x.norm(dim=-1, keepdim=True), dtypes=ALL,
 )
 
+
+class DistanceToShift(torch.autograd.Function):
+    """|x - t|, backward (x - t) / |x - t|: NaN at x == t, its declared kink (named by the Scalar
+    t), where no gradient is right or wrong. Stability's zero rows stay off it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, t: float) -> torch.Tensor:
+        y = (x - t).abs()
+        ctx.save_for_backward(x, y)
+        ctx.t = t
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, y = ctx.saved_tensors
+        return g * (x - ctx.t) / y, None
+
+
+register(
+    DistanceToShift, name="distance_to_shift", inputs=[Tensor("x", "*batch n", kinks=("t",)), Scalar("t", 0.0)],
+    reference=lambda x, t: (x - t).abs(), dtypes=ALL,
+)
+

@@ -12,6 +12,9 @@ it, every other contract that meets it "blocked by" that owner (issue "Decisive 
   return_count's crash; backward returns 3g, which the float32 cases show: reference checks the
   dtypes that run and fails too (two defects). ``float64_crash_right_float32``: the same crash with
   a right backward: return_count fails, reference is blocked by it.
+* ``crash_on_1d_wrong_grad`` (CrashOn1D): y = 2x that raises on 1-D input (return_count's crash)
+  and whose backward returns 3g: gradcheck, which never goes through per-dtype checks, goes on past
+  the crashing examples and fails on its own.
 * ``unreduced_wrong_bias`` (UnreducedWrongBias): y = x + b with b broadcast over rows; backward
   returns the unreduced gradient for b, and scaled by 2. grad_meta fails for the shape; the engine
   sums it, and gradcheck and reference see the wrong values.
@@ -81,6 +84,24 @@ for _factor, _name in ((3.0, "float64_crash_wrong_float32"), (2.0, "float64_cras
         _float32_buffer(_factor), name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 2,
         dtypes=(torch.float64, torch.float32),
     )
+
+
+class CrashOn1D(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 1:
+            raise RuntimeError("1-D input not supported")  # BUG: a valid input of the spec
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        return 3 * grad_out  # BUG: 2 is right
+
+
+register(
+    CrashOn1D, name="crash_on_1d_wrong_grad", inputs=[Tensor("x", "*batch n")], reference=lambda x: 2 * x,
+    dtypes=(torch.float64, torch.float32),
+)
 
 
 class ViewGradScale(torch.autograd.Function):

@@ -6,7 +6,8 @@
   ``FAST_ATOL``: fast mode scales atol by sum(u) * sum(v), so the default atol=1e-5 would let a
   visibly wrong second derivative through (see test_gradcheck.py).
 * ``double_backward=False``: differentiating the gradient should RAISE, which is what
-  ``@once_differentiable`` does (or backward itself under ``create_graph=True``, where it runs without). A gradient that silently detaches (backward under ``no_grad``,
+  ``@once_differentiable`` does (or backward itself under ``create_graph=True``, where it runs
+  without). A gradient that silently detaches (backward under ``no_grad``,
   ``.detach()``) or a double backward that silently runs with wrong numbers (gradgradcheck in
   float64) fails: a gradient penalty built on it trains with a wrong or missing term and nobody is
   told. A double backward that runs and is right is advice: declare it, or add

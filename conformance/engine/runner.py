@@ -248,18 +248,22 @@ class Target:
         return results
 
     def _unless_crash_blocked(self, judge: Callable[..., None], *args: Any) -> bool:
-        """``judge(*args)`` (which fails this contract or blocks it); a block by a crash another contract
-        owns is kept for the end of the test (the first one) and True returned, so that the caller
-        goes on with its other examples or dtypes; any other block propagates."""
+        """``judge(*args)`` (which fails this contract or blocks it); True where it blocked it by a
+        crash another contract owns (kept, :meth:`_kept_crash_block`), so that the caller goes on
+        with its other examples or dtypes; any other block propagates."""
         try:
             judge(*args)
         except Blocked as blocked:
-            if not blocked.crash:
+            if not self._kept_crash_block(blocked):
                 raise
-            if self.blocked is None:
-                self.blocked = blocked
             return True
         return False
+
+    def _kept_crash_block(self, blocked: Blocked) -> bool:
+        """Whether ``blocked`` is a crash's, kept (the first one) for the end of the test."""
+        if blocked.crash and self.blocked is None:
+            self.blocked = blocked
+        return blocked.crash
 
     def skip_blocked(self, blocked: Blocked) -> NoReturn:
         """Skip with one labelled line: the owner, the defect, the case and the rerun command."""
@@ -721,7 +725,8 @@ class Target:
                     return
                 raise
             except Blocked as blocked:
-                self._unless_crash_blocked(_reraise, blocked)
+                if not self._kept_crash_block(blocked):
+                    raise
             except (HypothesisException, ReplayMismatch, ExampleAborted):
                 raise
             except ExampleTimeout as timeout:
@@ -821,10 +826,6 @@ class Target:
         if self.context is not None:
             self.context.interpreter_limits.setdefault(str(limit), None)
         return True
-
-
-def _reraise(error: BaseException) -> NoReturn:
-    raise error
 
 
 def _innermost_frame(error: BaseException) -> Any:

@@ -630,33 +630,31 @@ for _function, _name in ((OnlineLogSumExp, "online_max_in_last_block"), (OnlineL
 # drew L only at its smallest (n's smallest size capped it) until a bounded dim's big corner raised n too
 
 
-class HeadFilter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        return x[..., : w.shape[-1]] * w
+def _head_filter(taps_kept: int | None) -> type[torch.autograd.Function]:
+    """y = x[..., :L] * w; backward keeps the gradient of the first ``taps_kept`` taps of w only
+    (None: all of them, right)."""
 
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, w = ctx.saved_tensors
-        taps = w.shape[-1]
-        gx = torch.zeros_like(x)
-        gx[..., :taps] = g * w
-        gw = (g * x[..., :taps]).reshape(-1, taps).sum(0)
-        return gx, gw.where(torch.arange(taps, device=gw.device) < 3, 0)  # the bug: taps past the third
+    class HeadFilter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x, w)
+            return x[..., : w.shape[-1]] * w
 
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, w = ctx.saved_tensors
+            taps = w.shape[-1]
+            gx = torch.zeros_like(x)
+            gx[..., :taps] = g * w
+            gw = (g * x[..., :taps]).reshape(-1, taps).sum(0)
+            if taps_kept is not None:  # the bug: taps past the third get no gradient
+                gw = gw.where(torch.arange(taps, device=gw.device) < taps_kept, 0)
+            return gx, gw
 
-class HeadFilterOk(HeadFilter):
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, w = ctx.saved_tensors
-        taps = w.shape[-1]
-        gx = torch.zeros_like(x)
-        gx[..., :taps] = g * w
-        return gx, (g * x[..., :taps]).reshape(-1, taps).sum(0)
+    return HeadFilter
 
 
-for _function, _name in ((HeadFilter, "bounded_dim_past_three"), (HeadFilterOk, "bounded_dim_past_three_ok")):
+for _function, _name in ((_head_filter(3), "bounded_dim_past_three"), (_head_filter(None), "bounded_dim_past_three_ok")):
     register(
         _function, name=_name, inputs=[Tensor("x", "b n"), Tensor("w", "L")],
         reference=lambda x, w: x[..., : w.shape[-1]] * w, dims=[Dim("L", max_size="n")], dtypes=FLOATS,

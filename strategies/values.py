@@ -42,7 +42,9 @@ __all__ = [
 
 DOMAINS = ("real", "positive", "nonzero", "unit")
 Domain = Union[str, tuple[float, float]]
-MASK_KINDS = ("random", "all_true", "causal", "padding", "masked_rows")
+# left_padding (a kept suffix per row, as batched decoding pads prompts) puts a masked key first:
+# under causal attention the first query then sees no key at all.
+MASK_KINDS = ("random", "all_true", "causal", "padding", "masked_rows", "left_padding")
 # Value patterns on top of a domain: ties (few distinct values, so max/sort/median must break
 # ties), near_zero (exact zeros and tiny values, where |x|, relu and division have kinks) and
 # ascending (every dim increasing: the maximum last, in a blocked kernel's last block).
@@ -274,7 +276,9 @@ def mask_from_seed(
 
     kinds: ``random`` (Bernoulli(density)), ``all_true``, ``causal`` (lower-triangular over the
     last two dims), ``padding`` (each row keeps a random-length prefix, at least 1),
-    ``masked_rows`` (random, with the first row of each last-two-dims block fully masked).
+    ``masked_rows`` (random, with the first row of each last-two-dims block fully masked),
+    ``left_padding`` (each row keeps a random-length suffix, at least 1; the first row is padded
+    whenever it has two or more elements).
     """
     if kind not in MASK_KINDS:
         raise InvalidArgument(f"kind={kind!r} must be one of {MASK_KINDS}")
@@ -288,10 +292,16 @@ def mask_from_seed(
         rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1])
         tri = torch.ones(rows, cols, dtype=torch.bool, device="cpu").tril(diagonal=max(cols - rows, 0))
         mask = tri.expand(shape).clone() if len(shape) >= 2 else tri[0].clone()
-    elif kind == "padding":
+    elif kind in ("padding", "left_padding"):
         cols = shape[-1]
         lengths = torch.randint(1, max(cols, 1) + 1, shape[:-1], generator=generator, dtype=torch.int64, device="cpu")
-        mask = torch.arange(cols, dtype=torch.int64, device="cpu") < lengths.unsqueeze(-1)
+        positions = torch.arange(cols, dtype=torch.int64, device="cpu")
+        if kind == "padding":
+            mask = positions < lengths.unsqueeze(-1)
+        else:
+            first = lengths.reshape(-1)[:1]
+            first.clamp_(max=max(cols - 1, 1))  # one padded row at least: the corner meets it
+            mask = positions >= (cols - lengths).unsqueeze(-1)
     else:
         # float32 named, never the default dtype: a spec module that sets float64 must not change masks.
         mask = torch.rand(shape, generator=generator, dtype=torch.float32, device="cpu") < density
@@ -421,7 +431,8 @@ def masks(
     kinds: any of ``random`` (random density, see :func:`mask_densities`), ``all_true``,
     ``causal`` (lower-triangular over the last two dims, aligned to the bottom-right when
     ``q != k``), ``padding`` (per-row kept prefix lengths, at least 1), ``masked_rows`` (random
-    with the first row of every last-two-dims block fully masked).
+    with the first row of every last-two-dims block fully masked), ``left_padding`` (per-row kept
+    suffix lengths, at least 1, the first row padded when it can be).
     device: where the mask is put (built on the CPU from a seed).
     Shrinks towards the first kind with seed 0 and density 0.7.
     Example: ``masks((2, 4, 5), kinds=("causal", "padding")).example()``.

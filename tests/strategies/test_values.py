@@ -51,6 +51,12 @@ def test_mask_kinds(shape: tuple[int, ...], seed: int, kind: str) -> None:
     elif kind == "masked_rows":
         rows = mask[..., 0, :] if len(shape) >= 2 else mask
         assert not bool(rows.any())  # at least one fully masked row
+    elif kind == "left_padding":
+        assert bool((mask.sum(-1) >= 1).all())
+        # a kept suffix per row: keep[j] implies keep[j+1]; the first row is padded when it can be
+        assert bool((mask[..., :-1] <= mask[..., 1:]).all())
+        if mask.numel() and shape[-1] >= 2:
+            assert not bool(mask.reshape(-1, shape[-1])[0, 0])
     assert torch.equal(mask, mask_from_seed(shape, seed=seed, kind=kind))  # same seed, same mask
 
 

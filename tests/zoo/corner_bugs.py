@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance import Dim, Index, Offsets, Scalar, Tensor, register
+from conformance import Dim, Index, Mask, Offsets, Scalar, Tensor, register
 
 FLOATS = (torch.float64, torch.float32)
 
@@ -660,3 +660,53 @@ for _function, _name in ((_head_filter(3), "bounded_dim_past_three"), (_head_fil
         reference=lambda x, w: x[..., : w.shape[-1]] * w, dims=[Dim("L", max_size="n")], dtypes=FLOATS,
     )
 
+
+
+# an attention with a key-padding mask: masked scores are filled with the dtype's minimum and only the
+# padded keys are zeroed after exp, so under causal a query whose visible keys are all padded (left
+# padding: key 0 masked) spreads its weight over the future keys; right padding never shows it
+
+
+def _padded_attention_weights(
+    q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor, causal: bool, zero_every_masked_score: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    allowed = key_mask.unsqueeze(-2).expand(s.shape)
+    if causal:
+        allowed = allowed & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    p = p * (allowed if zero_every_masked_score else key_mask.unsqueeze(-2))  # the bug: padded keys only
+    return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny), allowed
+
+
+def _padded_attention(zero_every_masked_score: bool) -> type[torch.autograd.Function]:
+    class PaddedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+            p, allowed = _padded_attention_weights(q, k, key_mask, causal, zero_every_masked_score)
+            ctx.save_for_backward(q, k, p, allowed, v)
+            return p @ v
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+            q, k, p, allowed, v = ctx.saved_tensors
+            dp = g @ v.transpose(-1, -2)
+            ds = (p * (dp - (dp * p).sum(-1, keepdim=True))).masked_fill(~allowed, 0) / q.shape[-1] ** 0.5
+            return ds @ k, ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ g, None, None
+
+    return PaddedAttention
+
+
+def _padded_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Softmax over the keys a query may see; a query that sees none gives 0."""
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    allowed = key_mask.unsqueeze(-2) & (torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril() | (not causal))
+    seen = allowed.any(-1, keepdim=True)
+    s = torch.where(seen, s.masked_fill(~allowed, float("-inf")), 0.0)
+    return (torch.softmax(s, -1) * seen) @ v
+
+
+PADDED_ATTENTION = [Tensor("q", "b n d"), Tensor("k", "b n d"), Tensor("v", "b n e"), Mask("key_mask", "b n"), Scalar("causal", st.booleans())]
+for _function, _name in ((_padded_attention(False), "causal_left_padding_leak"), (_padded_attention(True), "causal_left_padding_leak_ok")):
+    register(_function, name=_name, inputs=PADDED_ATTENTION, reference=_padded_attention_reference, dtypes=FLOATS, double_backward=False)

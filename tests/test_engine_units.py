@@ -123,7 +123,7 @@ def test_a_gradient_reduced_over_some_broadcast_dims_gets_the_reduction_hint() -
     execution = _execution(torch.ones(4, 1, 3, dtype=torch.float64), w, None, outputs=outputs)
     (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
     assert defect.summary.startswith("grad['x'].shape=(4, 1, 3), but should be (3,)")
-    assert "'x' was broadcast to (4, 2, 3) in this call and the gradient was reduced over only some of" in defect.details[0]
+    assert "'x' (3,) broadcasts to (4, 2, 3), the shape of another input or output in this call, and the gradient was reduced over only some of" in defect.details[0]
     assert "sum_to_size" in defect.details[0] and "order" not in defect.details[0]
     # A shape the input never broadcast to keeps the other hint.
     execution = _execution(torch.ones(5, 3, dtype=torch.float64), w, None, outputs=outputs)
@@ -337,6 +337,24 @@ def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
     opaque = extra_ops(traced, [dx], [buffer])
     assert opaque is not None and opaque.opaque and "cannot see" in opaque.describe()
     assert extra_ops(traced, [dx], [g]) is None  # grad_output passed through: no work at all
+
+
+def test_provenance_follows_writes_into_views_of_a_shared_buffer() -> None:
+    """dk and dv as halves of one buffer, accumulated block by block through slices (a fused
+    attention backward): dv's work is the adds and products written into its half, not code the
+    dispatcher cannot see; dk's half does not depend on them."""
+    g, k, v = (torch.rand(4, 3, dtype=torch.float64) for _ in range(3))
+    traced = BackwardOps(recording=True)
+    with traced:
+        dkv = torch.zeros(2, 4, 3, dtype=torch.float64)
+        dk, dv = dkv.unbind(0)
+        for block in (slice(0, 2), slice(2, 4)):
+            dk[block].add_(g[block] * v[block])
+            dv[block].add_(g[block] * k[block])
+    work = extra_ops(traced, [dk], [dv])
+    assert work is not None and not work.opaque, work
+    assert work.ops == {"aten.add_.Tensor": 2, "aten.mul.Tensor": 2}, work.ops
+    assert extra_ops(traced, [dkv], [dv]) is None  # dv is part of the needed buffer
 
 
 def _target(*, contract_examples: int | None, spec_cap: int | None, run_examples: int | None, profile: int = 5) -> Target:

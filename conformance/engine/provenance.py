@@ -38,6 +38,9 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
         self.recording = recording
         self.ops: list[_Op] = []
         self._writer: dict[int, int] = {}  # id(tensor) -> op index
+        # storage -> (first byte, end byte, op index) of each in-place or out= write: a gradient
+        # written slice by slice into a view of a shared buffer depends on those writes
+        self._writes: dict[int, list[tuple[int, int, int]]] = {}
         self._alive: list[torch.Tensor] = []  # keeps ids from being reused
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -50,15 +53,28 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
         index = len(self.ops)
         name = func.overloadpacket.__name__
         kind = "alloc" if name in _ALLOCATIONS or not inputs else "free" if func.is_view or name in _FREE else "compute"
-        self.ops.append(_Op(str(func), tuple(self._writer.get(id(t), -1) for t in inputs), kind))
+        self.ops.append(_Op(str(func), tuple(p for t in inputs for p in self._writers_of(t)), kind))
         for tensor in [*outputs, *written]:
             self._writer[id(tensor)] = index
+        for tensor in written:
+            span = _byte_span(tensor)
+            if span is not None:
+                self._writes.setdefault(span[0], []).append((span[1], span[2], index))
         self._alive.extend(inputs + outputs)
         return out
 
+    def _writers_of(self, tensor: torch.Tensor) -> list[int]:
+        """The op that made ``tensor`` and the writes into the bytes it spans since."""
+        writers = [self._writer.get(id(tensor), -1)]
+        span = _byte_span(tensor) if self._writes else None
+        if span is not None:
+            key, start, end = span
+            writers += [index for first, last, index in self._writes.get(key, ()) if first < end and start < last]
+        return writers
+
     def ancestors(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         """Indices of every op a tensor's value depends on (through the ops recorded)."""
-        todo = [self._writer[id(t)] for t in tensors if id(t) in self._writer]
+        todo = [index for t in tensors for index in self._writers_of(t)]
         seen: set[int] = set()
         while todo:
             index = todo.pop()
@@ -67,6 +83,21 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
             seen.add(index)
             todo.extend(self.ops[index].parents)
         return seen
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+    """(storage, first byte, end byte) that ``tensor`` can touch; None without storage or elements
+    (a strided view's span also covers the gaps between its elements: erring towards a dependence)."""
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    try:
+        storage = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor subclass or wrapper without storage
+        return None
+    size = tensor.element_size()
+    first = int(tensor.storage_offset()) * size
+    extent = sum((int(n) - 1) * abs(int(stride)) for n, stride in zip(tensor.shape, tensor.stride())) + 1
+    return storage, first, first + extent * size
 
 
 # Ops that move or alias data without arithmetic worth calling work, and ops that allocate.

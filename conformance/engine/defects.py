@@ -224,8 +224,9 @@ def structural_defects(
             if target is not None:
                 reduced = "was not reduced over" if target == tuple(grad.shape) else "was reduced over only some of"
                 hint = (
-                    f"{recipe.name!r} was broadcast to {target} in this call and the gradient {reduced} the "
-                    "broadcast dims: sum it over all of them (grad.sum_to_size(input.shape)). The autograd "
+                    f"{recipe.name!r} {tuple(arg.shape)} broadcasts to {target}, the shape of another input or output "
+                    f"in this call, and the gradient {reduced} the broadcast dims: sum it over all of them "
+                    "(grad.sum_to_size(input.shape)). The autograd "
                     "engine silently does this for you, which hides the bug from gradcheck."
                 )
             else:

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -313,7 +314,28 @@ def _corners(
             dtype_index=dtype_index,
             choices=tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "choice") + kind_levels,
         ))
-    return tuple(dict.fromkeys(corners))
+    return tuple(dict.fromkeys(_with_unit_batch_dims(corners)))
+
+
+def _with_unit_batch_dims(corners: list[Corner]) -> list[Corner]:
+    """The first corner of a ``*batch`` group's rank 2 or more, and every second one after it, takes
+    the shape (2, ..., 2, 1): a size-1 dim next to the core dims, where ``squeeze()`` or a reduction
+    without ``keepdim`` drops the wrong dim (sides of 2 never show it); the others keep sides of 2."""
+    seen: Counter[str] = Counter()
+    out = []
+    for corner in corners:
+        for name, rank in corner.batch_ranks:
+            if rank < 2:
+                continue
+            seen[name] += 1
+            if seen[name] % 2 == 1:
+                corner = dataclasses.replace(
+                    corner,
+                    batch_ranks=tuple(entry for entry in corner.batch_ranks if entry[0] != name),
+                    batch_shapes=(*corner.batch_shapes, (name, (2,) * (rank - 1) + (1,))),
+                )
+        out.append(corner)
+    return out
 
 
 def smaller_sizes(spec: Spec, sizes: Sequence[tuple[str, int]]) -> list[tuple[tuple[str, int], ...]]:
@@ -367,9 +389,13 @@ def describe_coverage(spec: Spec, corners: Sequence[Corner], dtypes: Sequence[to
             seen = {c.choice(factor.key) for c in corners}
             parts.append(f"{factor.key}: {len(seen)}/{factor.levels} values")
         elif factor.kind == "batch":
-            ranks = sorted({r for c in corners if (r := c.batch_rank(factor.key)) is not None})
-            many = max((math.prod(shape) for c in corners if (shape := c.batch_shape(factor.key)) is not None), default=0)
-            parts.append(f"*{factor.key} ranks {', '.join(map(str, ranks))}" + (f", {many} rows" if many else ""))
+            shapes = [shape for c in corners if (shape := c.batch_shape(factor.key)) is not None]
+            ranks = sorted({r for c in corners if (r := c.batch_rank(factor.key)) is not None} | {len(s) for s in shapes if len(s) > 1})
+            unit = sorted({s for s in shapes if len(s) > 1})
+            many = max((s[0] for s in shapes if len(s) == 1), default=0)
+            parts.append(
+                f"*{factor.key} ranks {', '.join(map(str, ranks))}" + "".join(f", {s}" for s in unit) + (f", {many} rows" if many else "")
+            )
         elif factor.kind == "relation":
             a, b = factor.key
             orders = [r for r in RELATIONS if any(_relation(dict(c.sizes), (a, b)) == RELATIONS.index(r) for c in corners)]

@@ -40,7 +40,7 @@ def test_a_branch_no_budget_reaches_is_named_by_file_and_line(tmp_path: Path, mo
     assert BRANCH in summary and HELPER in summary, done.stdout[-3000:]
     assert "chunked_sum: 2 never ran" in summary and "scaled_rows" not in summary, summary
     whole = json.loads((tmp_path / "report.json").read_text())
-    assert whole["coverage_phase"]["chunked_sum"].startswith("5 corners: sizes up to 129 (n); *batch ranks 0, 1, 2, 129 rows")  # the profile's corners
+    assert whole["coverage_phase"]["chunked_sum"].startswith("5 corners: sizes up to 129 (n); *batch ranks 0, 1, 2, (2, 1), 129 rows")  # the profile's corners
     report = whole["author_code"]
     assert report["scaled_rows"]["gaps"] == []  # every line ran: under xdist too (the workers' records arrived)
     assert {r["label"] for r in report["scaled_rows"]["regions"]} == {"forward", "backward"}  # and it was measured

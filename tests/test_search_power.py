@@ -38,6 +38,8 @@ CORNER_BUGS = {
     "bounded_dim_past_three": ("reference", "w: tensor(17,)"),
     # Left padding masks key 0: under causal the first query sees no key (missed at dev seeds 0-2 before).
     "causal_left_padding_leak": ("reference", "left_padding; causal=True"),
+    # The first rank-2 *batch corner is (2, 1): squeeze() drops the unit batch dim (missed at dev seeds 0-2 before).
+    "squeeze_drops_unit_batch_dim": ("reference", "x: tensor(2, 1, 1)"),
 }
 
 

@@ -263,16 +263,32 @@ ROWS = checked_spec([Tensor("x", "*batch d"), Tensor("w", "d")], dtypes=(torch.f
 def test_a_batch_group_gets_a_corner_with_many_rows_and_a_case_drawn_there_has_them() -> None:
     """Kernels flatten ``*batch`` into rows and tile them: rank corners (sides of 2) never pass 4 rows."""
     corners = coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=512, max_batch_dims=2)
-    many = [c for c in corners if c.batch_shape("batch") is not None]
+    many = [c for c in corners if len(c.batch_shape("batch") or ()) == 1]
     assert len(many) == 1 and many[0].batch_shape("batch") == (129,), corners  # d=1 at its smallest: 129 rows fit
     assert many[0].batch_rank("batch") is None  # the whole shape is forced, not a rank
     tight = coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=40, max_batch_dims=2)
-    assert [c.batch_shape("batch") for c in tight if c.batch_shape("batch")] == [(33,)]  # the largest of BIG_SIZES that fits
+    assert [c.batch_shape("batch") for c in tight if len(c.batch_shape("batch") or ()) == 1] == [(33,)]  # the largest of BIG_SIZES that fits
     assert not [c for c in coverage_corners(ROWS, dtypes=ROWS.dtypes, max_elements=512, max_batch_dims=0) if c.batch_shapes]
     for case in collect_examples(cases(ROWS, CaseOptions(dtypes=ROWS.dtypes, corner=many[0])), 2):
         x = next(r for r in case.recipes if r.name == "x")
         assert isinstance(x, TensorRecipe) and tuple(x.shape)[:-1] == (129,), x.shape
-    assert "*batch ranks 0, 1, 2, 129 rows" in describe_coverage(ROWS, corners, ROWS.dtypes)
+    assert "*batch ranks 0, 1, 2, (2, 1), 129 rows" in describe_coverage(ROWS, corners, ROWS.dtypes)
+
+
+def test_the_first_rank_two_batch_corner_has_a_unit_dim_next_to_the_row() -> None:
+    """(2, 1): squeeze() or a reduction without keepdim drops the wrong dim there; later rank-2
+    corners alternate with sides of 2 (a kernel that takes shape[0] as the row count)."""
+    spec = checked_spec([Tensor("x", "*batch n"), Scalar("mode", st.sampled_from(["a", "b", "c"]))], dtypes=(torch.float64,))
+    corners = coverage_corners(spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=2)
+    rank_two = [c.batch_shape("batch") or (2,) * (c.batch_rank("batch") or 0) for c in corners]
+    rank_two = [shape for shape in rank_two if len(shape) == 2]
+    assert rank_two[:2] == [(2, 1), (2, 2)], corners
+    x = next(r for r in next(iter(collect_examples(
+        cases(spec, CaseOptions(dtypes=spec.dtypes, corner=next(c for c in corners if c.batch_shape("batch") == (2, 1)))), 1,
+    ))).recipes if r.name == "x")
+    assert isinstance(x, TensorRecipe) and tuple(x.shape)[:-1] == (2, 1), x.shape
+    one_dim = coverage_corners(spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=1)
+    assert all(len(c.batch_shape("batch") or ()) <= 1 for c in one_dim)  # max_batch_dims=1: no rank-2 corner at all
 
 
 def test_after_a_failure_a_many_rows_corner_is_tried_at_fewer_rows_smallest_first() -> None:

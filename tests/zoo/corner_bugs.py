@@ -710,3 +710,34 @@ def _padded_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 PADDED_ATTENTION = [Tensor("q", "b n d"), Tensor("k", "b n d"), Tensor("v", "b n e"), Mask("key_mask", "b n"), Scalar("causal", st.booleans())]
 for _function, _name in ((_padded_attention(False), "causal_left_padding_leak"), (_padded_attention(True), "causal_left_padding_leak_ok")):
     register(_function, name=_name, inputs=PADDED_ATTENTION, reference=_padded_attention_reference, dtypes=FLOATS, double_backward=False)
+
+
+# a row share x / sum(x) whose backward drops the reduced dim with squeeze(), which drops every other
+# size-1 dim too: wrong only where a batch dim next to the row is 1, shape (2, 1, n); batch sides of 2
+# never showed it (entmax's budget bisection has the same bug)
+
+
+def _row_share(squeeze_all: bool) -> type[torch.autograd.Function]:
+    class RowShare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            total = x.sum(-1, keepdim=True)
+            y = x / total
+            ctx.save_for_backward(y, total)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            y, total = ctx.saved_tensors
+            dot = (g * y).sum(-1)
+            dot = (dot.squeeze() if squeeze_all else dot).unsqueeze(-1)  # the bug: squeeze() drops every size-1 dim
+            return (g - dot) / total
+
+    return RowShare
+
+
+for _function, _name in ((_row_share(True), "squeeze_drops_unit_batch_dim"), (_row_share(False), "squeeze_drops_unit_batch_dim_ok")):
+    register(
+        _function, name=_name, inputs=[Tensor("x", "*batch n", domain="positive")],
+        reference=lambda x: x / x.sum(-1, keepdim=True), dtypes=FLOATS,
+    )

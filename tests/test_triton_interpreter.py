@@ -295,6 +295,18 @@ def test_third_party_norms_storing_a_libdevice_scalar_pass_and_their_twins_are_c
         run.passed(contract, "triton_scalar_rmsnorm_always_dx")
 
 
+def test_a_repro_script_of_an_interpreted_kernel_patches_the_interpreter_as_the_plugin_does(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    """``python script.py`` in a fresh process: without the plugin's patches (a libdevice scalar)
+    the kernel raised inside the interpreter and the script reported "blocked by return_count",
+    exit 1, instead of the recorded failure (a new user's trial on Liger kernels)."""
+    run = zoo_run("triton_scalar_norms")
+    script = run.verdict("inplace", "triton_scalar_rmsnorm_dx_into_dy").recorded.repro
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    done = subprocess.run([sys.executable, str(script)], cwd=run.run_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "grad_output[0] was modified in place by backward" in done.stderr, done.stdout + done.stderr
+    assert "blocked by" not in done.stdout + done.stderr
+
+
 @triton.jit
 def _square_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

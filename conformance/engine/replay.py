@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -24,6 +23,7 @@ from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.report import ContractFailure
 from conformance.engine.repro import Case, ReplayExhausted, ReplayMismatch
 from conformance.engine.runner import RunOptions, Target
+from conformance.engine.triton_interpreter import choose_interpreter
 from conformance.spec import Spec
 
 __all__ = ["EXIT_FAILED", "EXIT_NOT_CHECKED", "EXIT_PASSED", "load_spec", "replay"]
@@ -36,8 +36,7 @@ def load_spec(impl: str, name: str) -> Spec:
     """The registered spec ``name`` from the ``--impl`` targets ``impl`` (module names or paths).
     Where it cannot be loaded (a script run from another folder than the one pytest ran in), the
     check cannot run here: exit 2 with the reason, never 1 (the defect's code)."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # as the plugin does, before any kernel import
+    choose_interpreter(torch.cuda.is_available())  # as the plugin does, before any kernel import
     try:
         specs = load_impls(impl)
     except ImplError as error:

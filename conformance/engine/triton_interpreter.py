@@ -32,7 +32,9 @@ interpreter. Import this module freely: it imports triton only inside its functi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +47,7 @@ __all__ = [
     "LIBDEVICE_FALLBACKS",
     "InterpreterLimit",
     "autotuned_configs",
+    "choose_interpreter",
     "describe_config",
     "install",
     "installed",
@@ -238,6 +241,17 @@ _INSTALLED: dict[str, bool] = {"done": False}
 def installed() -> bool:
     """Whether :func:`install` has patched triton in this process."""
     return _INSTALLED["done"]
+
+
+def choose_interpreter(cuda_available: bool) -> None:
+    """Without CUDA, Triton kernels run only under the interpreter, which must be chosen before any
+    @triton.jit function is decorated (before the ``--impl`` modules are imported), and patched
+    (:func:`install`) before a kernel runs: the plugin, ``check()`` and every repro script do this."""
+    if cuda_available:
+        return
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if importlib.util.find_spec("triton") is not None:
+        install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
 
 
 def install() -> bool:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-from conformance.engine.triton_interpreter import install, installed
+from conformance.engine.triton_interpreter import choose_interpreter, installed
 
 __all__ = ["cuda_findings", "cuda_usable", "no_cuda_reason", "prepare_devices", "triton_mode", "worker_gpu", "worker_gpus"]
 
@@ -75,13 +74,8 @@ def worker_gpu() -> Iterator[None]:
 
 
 def choose_triton_interpreter() -> None:
-    """Without CUDA, Triton kernels run only under the interpreter, which must be chosen before any
-    @triton.jit function is decorated, i.e. before the --impl modules are imported."""
-    if torch.cuda.is_available():
-        return
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    if importlib.util.find_spec("triton") is not None:
-        install()  # libdevice fallbacks, autotune without a driver, bfloat16 refused
+    """Without CUDA, the Triton interpreter, before the --impl modules are imported."""
+    choose_interpreter(torch.cuda.is_available())
 
 
 def prepare_devices(gpus_per_worker: int) -> None:

@@ -329,6 +329,8 @@ def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
         halves = torch.cat([dx, dw], dim=0)
         half = halves[3:]  # a view of it
         buffer = torch.empty_like(x)  # filled by a kernel the dispatcher cannot see
+        handed_back = torch.empty_like(x)
+        handed_back.set_(buffer.untyped_storage(), 0, (3, 4), (4, 1))  # the Triton interpreter's plumbing
     work = extra_ops(traced, [dx], [dw])
     assert work is not None and work.ops == {"aten.mul.Tensor": 1} and work.describe() == "aten.mul.Tensor"
     assert extra_ops(traced, [da], [scan]) is None
@@ -336,6 +338,7 @@ def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
     assert extra_ops(traced, [dx], [half]) is not None  # ... but not of dx alone: cat and dw's mul are extra
     opaque = extra_ops(traced, [dx], [buffer])
     assert opaque is not None and opaque.opaque and "cannot see" in opaque.describe()
+    assert extra_ops(traced, [dx], [handed_back]) == opaque  # set_ is no work of the Function's
     assert extra_ops(traced, [dx], [g]) is None  # grad_output passed through: no work at all
 
 

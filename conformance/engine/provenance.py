@@ -101,7 +101,8 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 # Ops that move or alias data without arithmetic worth calling work, and ops that allocate.
-_FREE = frozenset({"clone", "contiguous", "_to_copy", "copy_", "detach", "alias", "lift_fresh"})
+# set_ points a tensor at a storage (how the Triton interpreter hands back a kernel's results).
+_FREE = frozenset({"clone", "contiguous", "_to_copy", "copy_", "detach", "alias", "lift_fresh", "set_"})
 _ALLOCATIONS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
     "zero_", "fill_", "full", "full_like", "ones", "ones_like", "new_ones", "new_full",

@@ -8,8 +8,10 @@
 * ``double_backward=False``: differentiating the gradient should RAISE, which is what
   ``@once_differentiable`` does (or backward itself under ``create_graph=True``, where it runs
   without). A gradient that silently detaches (backward under ``no_grad``,
-  ``.detach()``) or a double backward that silently runs with wrong numbers (gradgradcheck in
-  float64) fails: a gradient penalty built on it trains with a wrong or missing term and nobody is
+  ``.detach()``; also tried at grad_output all ones, what ``loss.backward()`` passes, where a fast
+  path may return a gradient computed in forward) or a double backward that silently runs with
+  wrong numbers (gradgradcheck in float64; without float64, against the reference's double
+  backward by the reference contract's rule) fails: a gradient penalty built on it trains with a wrong or missing term and nobody is
   told. A double backward that runs and is right is advice: declare it, or add
   ``@once_differentiable``.
 
@@ -42,6 +44,7 @@ from conformance.engine.evaluate import (
     function_of_tensors,
     gradients,
     recorded_function_of_tensors,
+    reference_double_backward,
 )
 from conformance.engine.finite_differences import (
     FD_EPS,
@@ -52,6 +55,7 @@ from conformance.engine.finite_differences import (
     unresolvable_outputs,
 )
 from conformance.engine.harness import fixed_rng
+from conformance.engine.numerics import Judged, judge_against_truth, truth_and_baseline
 from conformance.engine.probe import Recorder
 from conformance.engine.report import ContractFailure, advise, fail, suite_frame, user_frames
 from conformance.engine.runner import Target
@@ -106,11 +110,13 @@ def _diff_outputs(outputs: Sequence[Any]) -> list[torch.Tensor]:
 
 
 def _first_grads(
-    call: Any, case: Case, wrt: Sequence[torch.Tensor]
+    call: Any, case: Case, wrt: Sequence[torch.Tensor], *, ones: bool = False
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
-    """grad_outputs (requiring grad, as gradgradcheck makes them) and the create_graph grads."""
+    """grad_outputs (requiring grad, as gradgradcheck makes them; all ones with ``ones``, as
+    ``loss.backward()`` passes) and the create_graph grads."""
     outputs = _diff_outputs(call(*wrt))
-    grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=case.dtype))
+    drawn = [torch.ones_like(o) for o in outputs] if ones else case.grad_outputs(outputs, dtype=case.dtype)
+    grad_outputs = tuple(g.detach().requires_grad_(True) for g in drawn)
     grads = gradients(outputs, wrt, grad_outputs, create_graph=True)
     return grad_outputs, grads
 
@@ -325,7 +331,7 @@ def _check_refuses_double_backward(
     target: Target, case: Case, call: Any, wrt: tuple[torch.Tensor, ...], names: list[str]
 ) -> None:
     try:
-        _, grads = _first_grads(call, case, wrt)
+        grad_outputs, grads = _first_grads(call, case, wrt)
     except (ContractFailure, Blocked, Crash, InterpreterLimit, torch.OutOfMemoryError):
         raise
     except Exception as error:
@@ -348,6 +354,8 @@ def _check_refuses_double_backward(
                 + " A loss built from this gradient (a gradient penalty) silently gets no gradient from it.",
                 ADVICE_FALSE,
             )
+    if not all(bool(g.eq(1).all()) for g in grad_outputs):
+        _detached_at_ones(call, case, wrt, names)
     attached = [g for g in grads if g is not None and g.requires_grad]
     if not attached:
         target.not_checked(
@@ -359,6 +367,8 @@ def _check_refuses_double_backward(
     # only a pass that reaches every leaf raises; autograd.grad prunes the error node and
     # returns None. .backward() is what a gradient-penalty training step does.
     weights = [torch.ones_like(g) for g in attached]
+    for leaf in wrt:
+        leaf.grad = None
     try:
         backward_every_leaf(attached, weights)
     except RuntimeError:
@@ -366,12 +376,8 @@ def _check_refuses_double_backward(
         return  # refused, as declared
     # It ran: only silently wrong numbers are a defect; right ones are advice to declare them.
     if case.dtype != torch.float64:
-        target.checked()
-        advise(
-            "double backward runs, but the spec declares double_backward=False; its numbers are not checked "
-            "(no float64 in the spec's dtypes, so gradgradcheck cannot run)",
-            ADVICE_FALSE,
-        )
+        summed = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        _judge_against_reference(target, case, [leaf.grad for leaf in wrt], names, [g.detach() for g in grad_outputs], summed)
         return
     outputs = _diff_outputs(call(*wrt))
     grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
@@ -391,6 +397,70 @@ def _check_refuses_double_backward(
         "Declare double_backward=True so it is checked on every example, or decorate backward with "
         "@once_differentiable so that it raises (a right double backward found on one example may be "
         "wrong on others).",
+    )
+
+
+def _detached_at_ones(call: Any, case: Case, wrt: tuple[torch.Tensor, ...], names: list[str]) -> None:
+    """The same check at grad_output all ones, what ``loss.backward(create_graph=True)`` passes: a
+    fast path for ``grad_output == 1`` that returns a gradient computed in forward has no graph."""
+    try:
+        _, grads = _first_grads(call, case, wrt, ones=True)
+    except Exception:
+        return
+    for name, grad in zip(names, grads):
+        if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):
+            fail(
+                f"grad[{name!r}].requires_grad=False under create_graph=True with grad_output all ones (what "
+                "loss.backward() passes), but double backward should raise [spec declares double_backward=False]",
+                CAUSE_NOT_ATTACHED.format(name=name) + " With other grad_outputs it is attached: a fast path for "
+                "grad_output == 1 (returning a gradient computed in forward) has no graph, so a gradient penalty "
+                "built on loss.backward(create_graph=True) silently gets no gradient from it.",
+                ADVICE_FALSE,
+            )
+
+
+def _judge_against_reference(
+    target: Target, case: Case, found: list[torch.Tensor | None], names: list[str], grad_outputs: list[torch.Tensor],
+    summed: list[int],
+) -> None:
+    """Without float64 (no gradgradcheck), the double backward that ran (all-ones weights on the
+    gradients ``summed``) against the reference's own, by the reference contract's rule: wrong
+    numbers fail; right ones, or no reference double backward to compare with, are advice."""
+    spec = target.spec
+    args = case.args(dtype=case.dtype)  # pristine: the Function may have written into its inputs
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    dtype_name = str(case.dtype).removeprefix("torch.")
+    try:
+        truth, plain = truth_and_baseline(spec, case, lambda cast, _: reference_double_backward(
+            case, [cast(a) for a in args], positions, [cast(g) for g in grad_outputs], summed,
+        ))
+    except Exception as error:  # a reference that is not twice differentiable has nothing to compare with
+        target.checked()
+        advise(
+            "double backward runs, but the spec declares double_backward=False; its numbers are not checked "
+            f"(no float64 in the spec's dtypes, and the reference's double backward raised {type(error).__name__})",
+            ADVICE_FALSE,
+        )
+        return
+    where = f"{spec.display_name}, double backward, {dtype_name}, vs the reference's double backward"
+    values = [
+        Judged(f"d(sum of the gradients)/d{name!r}", "grad", got if got is not None else torch.zeros_like(want), want,
+               base if base is not None else torch.zeros_like(want), where)
+        for name, got, want, base in zip(names, found, truth, plain) if want is not None
+    ]
+    wrong = judge_against_truth(spec, case.dtype, values)
+    if wrong is not None:
+        fail(
+            f"double backward runs and is silently WRONG, but the spec declares double_backward=False [{where}]",
+            "A gradient penalty built on these gradients trains with wrong second derivatives, and nobody is told.",
+            wrong.summary, wrong.details, ADVICE_FALSE,
+        )
+    target.checked()
+    advise(
+        "double backward runs and matches the reference's on this example, but the spec declares "
+        f"double_backward=False [{where}]",
+        "Declare double_backward=True so it is checked on every example, or decorate backward with "
+        "@once_differentiable so that it raises.",
     )
 
 

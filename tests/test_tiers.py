@@ -21,6 +21,7 @@ FINDINGS: dict[str, dict[str, Outcome]] = {
     "classmethod_swish": {"compile": Outcome.ADVICE},
     "inplace_affine": {"compile": Outcome.UPSTREAM},
     "undeclared_softplus": {"gradgradcheck": Outcome.ADVICE},
+    "undeclared_softplus_float32": {"gradgradcheck": Outcome.ADVICE},  # judged against the reference's double backward
     "linear_recurrence": {"compile": Outcome.ADVICE},  # its by-product grad x is no unneeded work
     "synthesis_bank": {},  # dlow and dhigh are halves of one transposed convolution
     "frozen_bias_linear": {"unneeded_grads": Outcome.ADVICE},  # grad b for a bias declared requires_grad=False
@@ -113,6 +114,25 @@ def test_a_silently_wrong_undeclared_double_backward_is_a_defect(bugs) -> None: 
     assert bugs.verdict("gradgradcheck", "silent_wrong_double_backward").recorded.finding == "defect"
 
 
+def test_without_float64_an_undeclared_double_backward_is_judged_by_the_reference(bugs, correct) -> None:  # type: ignore[no-untyped-def]
+    """No float64, no gradgradcheck: the double backward that runs is compared with the reference's
+    (a Triton kernel's float32 backward returning a saved intermediate was advice, "numbers not checked")."""
+    text = bugs.failed("gradgradcheck", "silent_wrong_double_backward_float32")
+    assert "silently WRONG, but the spec declares double_backward=False" in text and "vs the reference's double backward" in text
+    assert "d(sum of the gradients)/d'x'" in text and "float32" in text, text
+    advice = correct.verdict("gradgradcheck", "undeclared_softplus_float32").recorded
+    assert "matches the reference's on this example" in advice.reason, advice.reason
+
+
+def test_a_gradient_detached_only_at_unit_grad_output_is_a_defect(bugs) -> None:  # type: ignore[no-untyped-def]
+    """A fast path for grad_output == 1 (what loss.backward() passes) returning a gradient computed in
+    forward: random grad_outputs never meet it."""
+    text = bugs.failed("gradgradcheck", "detached_at_unit_grad_output")
+    assert "requires_grad=False under create_graph=True with grad_output all ones" in text, text
+    for contract in ("reference", "gradcheck", "saved_tensors", "needs_input_grad"):
+        bugs.passed(contract, "detached_at_unit_grad_output")
+
+
 def test_advice_fails_only_under_the_option(conformance_run) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run(ZOO / "tiers_correct.py", "--advice=fail", contracts=("gradgradcheck",))
     text = run.failed("gradgradcheck", "undeclared_softplus")
@@ -203,8 +223,8 @@ def test_the_json_report_gives_each_cell_its_tier(pytester, tmp_path) -> None:  
     assert result.ret == 0
     data = json.loads((tmp_path / "tiers.json").read_text())
     tiers = {entry["function"]: entry["tier"] for entry in data["results"] if entry["device"] == "cpu"}
-    assert tiers["undeclared_softplus"] == "advice" and tiers["log_scan"] is None
-    assert data["totals"]["advice"] == 1
+    assert tiers["undeclared_softplus"] == tiers["undeclared_softplus_float32"] == "advice" and tiers["log_scan"] is None
+    assert data["totals"]["advice"] == 2
     text = result.stdout.str()
     assert "ADVICE gradgradcheck[undeclared_softplus-cpu]: double backward runs" in text
     assert "a advice" in text and "u upstream (torch)" in text  # the legend

@@ -69,6 +69,7 @@ __all__ = [
     "gradients_through_outputs",
     "outputs_and_grads",
     "recorded_function_of_tensors",
+    "reference_double_backward",
     "reference_jvp",
     "run_reference",
     "undeclared_input_writes",
@@ -723,6 +724,28 @@ def reference_jvp(case: Case, args: Sequence[Any], tangents: Mapping[int, torch.
 
     found = iter(torch.func.jvp(of_differentiable, tuple(args[p] for p in positions), tuple(tangents[p] for p in positions))[1])
     return tuple(next(found) if kept else None for kept in floating)
+
+
+def reference_double_backward(
+    case: Case, args: Sequence[Any], positions: Sequence[int], grad_outputs: Sequence[torch.Tensor], summed: Sequence[int],
+) -> tuple[torch.Tensor | None, ...]:
+    """What double backward with all-ones weights gives for the spec's surrogate when it declares
+    one, else its reference (the caller sets the RNG state): the derivative with respect to each
+    ``args[p]`` (``p`` in ``positions``) of the sum of the first-order gradients ``summed`` (indices
+    into ``positions``) of ``<outputs, grad_outputs>``; None where nothing depends on it."""
+    func = case.spec.surrogate or case.spec.reference
+    full = list(args)
+    leaves = [args[p].detach().requires_grad_(True) for p in positions]
+    for position, leaf in zip(positions, leaves):
+        full[position] = leaf
+    outputs = [o for o in as_tuple(func(*full)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if len(outputs) != len(grad_outputs):
+        raise ValueError(f"the reference has {len(outputs)} differentiable outputs, the Function {len(grad_outputs)}")
+    firsts = torch.autograd.grad(outputs, leaves, list(grad_outputs), create_graph=True, allow_unused=True)
+    attached = [firsts[i].sum() for i in summed if firsts[i] is not None and firsts[i].requires_grad]
+    if not attached:
+        return tuple(None for _ in leaves)
+    return tuple(torch.autograd.grad(torch.stack(attached).sum(), leaves, allow_unused=True))
 
 
 def vmap_call(case: Case, in_dims: Sequence[int | None], batched: Sequence[Any]) -> tuple[Any, ...]:

@@ -25,7 +25,11 @@ it, every other contract that meets it "blocked by" that owner (issue "Decisive 
 * ``silent_wrong_double_backward`` (SavedSigmoidSoftplus): softplus registered with
   ``double_backward=False`` whose backward multiplies by a sigmoid saved in forward, so double
   backward runs and silently gives a zero second derivative: gradgradcheck fails (a defect, not
-  advice).
+  advice). ``silent_wrong_double_backward_float32``: the same, float32 only (no gradgradcheck):
+  judged against the reference's double backward, it fails too.
+* ``detached_at_unit_grad_output`` (UnitGradOutputFastPath): a scalar loss whose backward returns a
+  gradient computed in forward when grad_output is 1: no graph at loss.backward(create_graph=True);
+  gradgradcheck fails, with grad_output all ones.
 * ``scales_input_through_reshape`` (ScaleThroughReshape): y = 2 w x, computed by scaling
   ``x.reshape(-1, n)`` in place -- a view of x, not the scratch copy its author assumed -- without
   ``mark_dirty``. inplace fails; compile (aot_eager differs from eager) and the finite differences
@@ -158,6 +162,15 @@ register(
     reference=F.softplus,
     double_backward=False,
 )
+# float32 only (a Triton kernel's dtypes): no gradgradcheck, so the reference's double backward judges it
+register(
+    SavedSigmoidSoftplus,
+    name="silent_wrong_double_backward_float32",
+    inputs=[Tensor("x", "*batch n")],
+    reference=F.softplus,
+    double_backward=False,
+    dtypes=(torch.float32,),
+)
 
 
 class AttentionAllGrads(torch.autograd.Function):
@@ -230,4 +243,31 @@ class ScaleThroughReshape(torch.autograd.Function):
 register(
     ScaleThroughReshape, name="scales_input_through_reshape", inputs=[Tensor("x", "*batch n"), Tensor("w", "n")],
     reference=lambda x, w: 2.0 * w * x,
+)
+
+
+class UnitGradOutputFastPath(torch.autograd.Function):
+    """loss = sum(x ** 2); backward skips the multiply when grad_output is 1 (what loss.backward()
+    passes), returning 2x computed in forward: right to first order, but with no graph, so a
+    gradient penalty built on loss.backward(create_graph=True) gets nothing (Liger's losses do this)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, 2 * x.detach())
+        return (x * x).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        x, grad_at_one = ctx.saved_tensors
+        if torch.equal(grad_out, torch.ones_like(grad_out)):
+            return grad_at_one  # BUG for double backward: no graph at grad_output 1
+        return grad_out * 2 * x
+
+
+register(
+    UnitGradOutputFastPath,
+    name="detached_at_unit_grad_output",
+    inputs=[Tensor("x", "n")],
+    reference=lambda x: (x * x).sum(),
+    double_backward=False,
 )

@@ -14,6 +14,8 @@ torch itself is wrong -- and never fail (issue "Decisive verdicts"):
   right: upstream (torch's bug), with a torch-only repro.
 * ``undeclared_softplus`` (UndeclaredSoftplus): softplus whose backward is plain differentiable
   torch, registered with ``double_backward=False``: the double backward runs and is right, advice.
+  ``undeclared_softplus_float32``: the same, float32 only: its double backward matches the
+  reference's, advice.
 * ``linear_recurrence`` (LinearRecurrence): h[t] = a[t] h[t-1] + x[t], a Python loop over time;
   grad x (the reverse scan) is returned even when only a needs a gradient, since grad a is built
   from it: a by-product, not unneeded work. The loop over t recompiles per length: advice.
@@ -171,6 +173,14 @@ register(
     inputs=[Tensor("x", "*batch n")],
     reference=F.softplus,
     double_backward=False,
+)
+register(
+    UndeclaredSoftplus,
+    name="undeclared_softplus_float32",
+    inputs=[Tensor("x", "*batch n")],
+    reference=F.softplus,
+    double_backward=False,
+    dtypes=(torch.float32,),
 )
 
 

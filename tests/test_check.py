@@ -15,6 +15,7 @@ import torch
 
 import conformance
 from conformance import Tensor
+from conformance.spec.registry import make_specs
 from tests.conftest import ZOO
 from tests.zoo_runs import ZOO_RUNS
 
@@ -108,6 +109,16 @@ def test_an_unregistered_function_with_register_keywords_passes_or_fails_on_its_
     assert conformance.registered() == before, "check() must not register what it checks"
 
 
+def test_with_register_keywords_dtypes_are_the_functions_not_a_filter(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    """dtypes= next to inputs= declares what the Function supports, as in register(); it filtered the
+    default float64/float32 instead, so float16 alone ran nothing ("--dtypes excludes every dtype")."""
+    result = conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=lambda x: x**3, device="cpu",
+                               contracts=["reference"], dtypes=["float16"], max_examples=2)
+    assert result.outcome("reference") == "passed", str(result)
+    with pytest.raises(TypeError, match="'float17' is not a torch dtype"):
+        conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=lambda x: x**3, device="cpu", dtypes=["float17"])
+
+
 @pytest.mark.parametrize(
     ("call", "error", "echo"),
     [
@@ -119,7 +130,7 @@ def test_an_unregistered_function_with_register_keywords_passes_or_fails_on_its_
         (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, profile="fast"),
          ValueError, "profile='fast'"),
         (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, dtypes=[torch.int64]),
-         ValueError, "torch.int64 is not a floating torch dtype"),
+         ValueError, "field 'dtypes': torch.int64 is not a floating-point torch.dtype"),  # register()'s own check
         (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, max_examples=0),
          ValueError, "max_examples=0 must be >= 1"),
         (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts="gradcheck"),
@@ -196,8 +207,9 @@ class _TwoGrads(_Cube):
 
 def test_a_call_that_checks_nothing_or_hides_a_defect_does_not_pass(clean_registry) -> None:  # type: ignore[no-untyped-def]
     spec = {"inputs": [Tensor("x", "n")], "reference": lambda x: x**3, "device": "cpu", "max_examples": 2}
+    declared = make_specs(_Cube, inputs=spec["inputs"], reference=spec["reference"])[0]
     with pytest.raises(conformance.ConformanceFailure) as raised:
-        conformance.check(_Cube, dtypes=[torch.float16], **spec)  # the spec lists float64 and float32 only
+        conformance.check(declared, dtypes=[torch.float16], device="cpu", max_examples=2)  # the spec lists float64 and float32 only
     assert "none of 23 contract tests checked anything" in str(raised.value) and "excludes every dtype" in str(raised.value)
     assert raised.value.result.checked == 0 and not raised.value.result.passed
     with pytest.raises(conformance.ConformanceFailure) as raised:

@@ -189,13 +189,19 @@ def check(
     itself, or a Function or custom op with ``register``'s keywords (``inputs=``, ``reference=``,
     ...), which are checked without registering it.
 
-    ``contracts`` / ``skip_contracts``, ``dtypes``, ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
+    ``dtypes``: with register()'s keywords, the Function's dtypes (register()'s keyword); else the
+    plugin's ``--dtypes`` filter. ``contracts`` / ``skip_contracts``, ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
     ``profile`` / ``max_examples``, ``seed``, ``example_timeout`` (seconds; 0: none), ``advice`` /
     ``upstream`` (``"report"`` or ``"fail"``) mean what the plugin's options of the same names
     mean, with the same defaults. Raises :class:`ConformanceFailure` when a contract fails (unless
     ``raise_on_failure=False``); returns the :class:`CheckResult` otherwise.
     """
     choose_triton_interpreter()  # before any kernel module is imported, as the plugin does
+    if register_keywords and dtypes is not None:
+        # The spec is made here: dtypes= is register()'s (what the Function supports), not a filter
+        # on a spec declared elsewhere (it was: the spec kept float64/float32, silently).
+        register_keywords = {**register_keywords, "dtypes": tuple(_as_dtype(d) for d in dtypes)}
+        dtypes = None
     specs, impl = _specs_of(target, register_keywords)
     options = _options(
         impl=impl, contracts=contracts, skip_contracts=skip_contracts, dtypes=dtypes, device=device, profile=profile,
@@ -226,6 +232,14 @@ def check(
 
 
 # ----------------------------------------------------------------------------- the target
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` from itself, ``"float32"`` or ``"torch.float32"``."""
+    found = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if not isinstance(found, torch.dtype):
+        raise TypeError(f"dtypes entry {dtype!r} is not a torch dtype")
+    return found
 
 
 def _specs_of(target: Any, register_keywords: dict[str, Any]) -> tuple[list[Spec], str]:

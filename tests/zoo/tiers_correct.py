@@ -16,6 +16,9 @@ torch itself is wrong -- and never fail (issue "Decisive verdicts"):
   torch, registered with ``double_backward=False``: the double backward runs and is right, advice.
   ``undeclared_softplus_float32``: the same, float32 only: its double backward matches the
   reference's, advice.
+* ``float32_inside_undeclared`` (Float32InsideCube): x ** 3 computed in float32 and cast back,
+  ``double_backward=False`` with a right double backward: float64 finite differences see only
+  rounding noise, so it is judged against the reference's double backward: advice, not a failure.
 * ``linear_recurrence`` (LinearRecurrence): h[t] = a[t] h[t-1] + x[t], a Python loop over time;
   grad x (the reverse scan) is returned even when only a needs a gradient, since grad a is built
   from it: a by-product, not unneeded work. The loop over t recompiles per length: advice.
@@ -342,4 +345,29 @@ register(
     inputs=[Tensor("x", "t d"), Offsets("offsets", sequences="b", total="t")],
     reference=lambda x, offsets: torch.stack([x[a:b].sum(0) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())])
     if offsets.numel() > 1 else x.new_zeros(0, x.shape[1]),
+)
+
+
+class Float32InsideCube(torch.autograd.Function):
+    """x ** 3 computed in float32 and cast back (a kernel without a float64 path), backward plain
+    differentiable torch: double backward runs and is right, but float64 finite differences see only
+    rounding noise in it. Advice, judged against the reference's double backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return (x.float() ** 3).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return (3 * x.float() ** 2 * grad_out.float()).to(x.dtype)
+
+
+register(
+    Float32InsideCube,
+    name="float32_inside_undeclared",
+    inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: (x.float() ** 3).to(x.dtype),  # the kernel's own precision, declared
+    double_backward=False,
 )

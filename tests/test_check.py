@@ -248,3 +248,27 @@ def test_check_from_a_script_leaves_no_hypothesis_folder_where_it_runs(tmp_path:
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("passed"), done.stdout + done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check_double.py"]
+
+
+class _ScaledRound(torch.autograd.Function):
+    """round(x * s) / s, straight through for x; the scale gets the gradient x * g (not the surrogate's)."""
+
+    @staticmethod
+    def forward(ctx, x, s):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return torch.round(x * s) / s
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return grad, x * grad
+
+
+def test_a_surrogate_that_ignores_an_input_wants_zero_or_none_there(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    """None and zeros are one gradient (tests/zoo/unusual_correct_derivatives.py scaled_round_ste_zero_scale_grad
+    passes with zeros); a nonzero gradient where the surrogate has none fails, naming both."""
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_ScaledRound, inputs=[Tensor("x", "n"), Tensor("s", "n", domain="positive")],
+                          reference=lambda x, s: torch.round(x * s) / s, surrogate=lambda x, s: x,
+                          contracts=["gradcheck"], device="cpu", max_examples=2)
+    assert "grad['s']=a nonzero tensor, but should be zero (the surrogate's is None)" in str(raised.value), str(raised.value)

@@ -70,6 +70,33 @@ register(
 )
 
 
+class ScaledRoundSTE(torch.autograd.Function):
+    """round(x * s) / s forward; straight-through gradient for x, and an explicit zero gradient for
+    the scale s, which the surrogate (x itself) ignores: None there and zeros here are one gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(s)
+        return torch.round(x * s) / s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        (s,) = ctx.saved_tensors
+        dx = grad_output.clone() if ctx.needs_input_grad[0] else None
+        return dx, torch.zeros_like(s) if ctx.needs_input_grad[1] else None
+
+
+register(
+    ScaledRoundSTE,
+    name="scaled_round_ste_zero_scale_grad",
+    inputs=[Tensor("x", "n"), Tensor("s", "n", domain="positive")],
+    reference=lambda x, s: torch.round(x * s) / s,
+    surrogate=lambda x, s: x,
+    double_backward=False,
+)
+
+
 def _gumbel(logits: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise from torch's global RNG (uniform kept away from 0 and 1)."""
     u = torch.rand_like(logits).clamp(1e-10, 1 - 1e-10)

@@ -93,8 +93,14 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
                 "backward is not reentrant: two backward calls on the same graph gave different gradients "
                 f"[torch.autograd.gradcheck, float64, nondet_tol={nondet_tol}]",
                 message.strip(),
-                "Declare nondeterministic=True if the op is random by design; otherwise backward depends on "
-                "state it changes (a saved buffer updated in place, an RNG drawn in backward).",
+                (
+                    "The spec declares nondeterministic=True, so forward's random numbers are replayed: backward "
+                    "draws its own (an RNG used in backward without the forward's state), or depends on state "
+                    "it changes (a saved buffer updated in place)."
+                ) if target.spec.nondeterministic else (
+                    "Declare nondeterministic=True if the op is random by design; otherwise backward depends on "
+                    "state it changes (a saved buffer updated in place, an RNG drawn in backward)."
+                ),
             )
         # The reported example names the worst Jacobian entry instead of printing both Jacobians.
         located = jacobian_mismatch(call, wrt_tensors, atol=atol, rtol=rtol, pair=jacobian_pair(message)) if target.reporting() else None

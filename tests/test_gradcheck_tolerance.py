@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+import conformance
+from conformance import Tensor
 from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL
 from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from reference_ops.elementwise import Square
@@ -69,3 +71,24 @@ def test_lower_precision_outputs_of_float64_inputs_are_left_to_the_reference_con
         assert said in verdict.text and "the reference contract" in verdict.text, verdict.text
     run.passed("reference", correct)
     assert "grad['x']" in run.failed("reference", f"{correct}_doubled_grad")
+
+
+class _NoiseRedrawnInBackward(torch.autograd.Function):
+    """Declared random; backward draws its own noise (stochastic rounding done in backward), so two
+    backward calls on one graph differ."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return 2 * grad * (1 + 1e-6 * torch.randn_like(grad))
+
+
+def test_a_declared_random_function_is_not_told_to_declare_itself_random(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_NoiseRedrawnInBackward, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x,
+                          nondeterministic=True, contracts=["gradcheck"], device="cpu", max_examples=3)
+    text = str(raised.value)
+    assert "The spec declares nondeterministic=True" in text and "Declare nondeterministic=True" not in text, text

@@ -272,3 +272,37 @@ def test_a_surrogate_that_ignores_an_input_wants_zero_or_none_there(clean_regist
                           reference=lambda x, s: torch.round(x * s) / s, surrogate=lambda x, s: x,
                           contracts=["gradcheck"], device="cpu", max_examples=2)
     assert "grad['s']=a nonzero tensor, but should be zero (the surrogate's is None)" in str(raised.value), str(raised.value)
+
+
+class _DropoutLinearForgetsScale(torch.autograd.Function):
+    """(x @ w) with dropout (p = 0.5, declared random) whose backward forgets the 1 / (1 - p) scale
+    (wrong in every dtype) and multiplies a bfloat16 grad_output by float32 saved tensors (raises
+    under autocast)."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # type: ignore[no-untyped-def]
+        y = x @ w
+        keep = torch.rand_like(y) > 0.5
+        ctx.save_for_backward(x, w, keep)
+        return y * keep * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, w, keep = ctx.saved_tensors
+        grad = grad * keep
+        return grad @ w.T, x.T @ grad
+
+
+def test_a_declared_random_function_wrong_without_autocast_is_references_not_autocasts(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    """Compared in float64 under one seeded RNG state, as the reference contract compares it; autocast
+    failed on its own (a new user's trial, a reversible layer)."""
+    def reference(x, w):  # type: ignore[no-untyped-def]
+        y = x @ w
+        return y * (torch.rand_like(y) > 0.5) * 2
+
+    result = conformance.check(_DropoutLinearForgetsScale, inputs=[Tensor("x", "m n"), Tensor("w", "n k")],
+                               reference=reference, nondeterministic=True, double_backward=False,
+                               contracts=["reference", "autocast"], device="cpu", raise_on_failure=False)
+    assert result.outcome("reference") == "failed", str(result)
+    assert result.outcome("autocast") == "blocked", str(result)  # it failed on its own before
+    assert "blocked by reference" in next(r for r in result.results if r.contract == "autocast").verdict.describe()

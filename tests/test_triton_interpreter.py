@@ -314,6 +314,26 @@ def _square_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, x * x, mask=offs < n)
 
 
+@triton.jit
+def _through_bfloat16_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, x.to(tl.bfloat16).to(x.dtype), mask=offs < n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_bfloat16_cast_inside_a_kernel_is_an_interpreter_limit(dtype: torch.dtype) -> None:
+    """float64 1.0 cast to bfloat16 came back 9e-41 (a bit-by-bit cast), float32 truncated: a kernel
+    keeping partial sums in bfloat16 got garbage that gradcheck blamed on its backward (a trial on
+    Liger's group norm). Not run here, like a bfloat16 argument."""
+    assert install()
+    x = torch.ones(4, dtype=dtype)
+    with pytest.raises(Exception) as raised:  # the interpreter wraps it
+        _through_bfloat16_kernel[(1,)](x, torch.empty_like(x), 4, BLOCK=4)
+    limit = interpreter_limit(raised.value)
+    assert limit is not None and "casts" in str(limit) and "bf16" in str(limit), raised.value
+
+
 def test_a_kernel_that_overflows_gives_inf_without_numpy_warnings() -> None:
     """On a GPU float32 1e30 * 1e30 is inf, silently; numpy warned "overflow encountered in multiply"
     into every extreme-value test's report."""

@@ -272,6 +272,7 @@ def install() -> bool:
         _patch_float_arguments()
         _patch_autotune(triton)
         _patch_launches()
+        _patch_bfloat16_casts()
         _patch_device_function_calls()
         _patch_numpy_dtypes()
         _INSTALLED["done"] = True
@@ -382,6 +383,31 @@ def _patch_launches() -> None:
             return original_call(self, *args, **kwargs)
 
     interpreter.GridExecutor.__call__ = call
+
+
+def _patch_bfloat16_casts() -> None:
+    """A cast to or from bfloat16 inside a kernel raises :class:`InterpreterLimit`: the interpreter
+    truncates float32 to bfloat16 and casts other dtypes bit by bit (float64 1.0 became 9e-41), so a
+    kernel keeping partial sums in bfloat16 got garbage that the suite blamed on its backward."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+
+    def refusing(original: Callable[..., Any]) -> Callable[..., Any]:
+        def cast(self: Any, src: Any, dst_type: Any, *rest: Any) -> Any:
+            if tl.bfloat16 in (src.dtype.scalar, dst_type.scalar):
+                raise InterpreterLimit(
+                    f"a kernel casts {src.dtype.scalar} to {dst_type.scalar} under the Triton interpreter, which "
+                    "truncates or reinterprets instead of rounding (numpy has no bfloat16): its results would be "
+                    "silently wrong; check it on a GPU"
+                )
+            return original(self, src, dst_type, *rest)
+
+        return cast
+
+    builder.cast_impl = refusing(builder.cast_impl)
+    builder.create_fp_to_fp = refusing(builder.create_fp_to_fp)
 
 
 # The triton.language modules the running launch patched (an empty tuple between launches).

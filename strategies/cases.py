@@ -266,8 +266,8 @@ def case_kinds(spec: Spec, options: CaseOptions) -> tuple[tuple[str, int], ...]:
             kinds.append((mask_kind_label(spec_input.name), len(options.mask_kinds)))
         elif isinstance(spec_input, Tensor):
             kinds.append((layout_label(spec_input.name), len(options.layouts)))
-            if options.extreme:  # an ordinary scale, then the smallest extreme one (1e2): large logits
-                kinds.append((scale_label(spec_input.name), 2))
+            if options.extreme:  # an ordinary scale, the smallest extreme one (1e2: large logits), the dtype's largest
+                kinds.append((scale_label(spec_input.name), 3))
     kinds.append((GRAD_KIND_LABEL, len(options.grad_output_kinds)))
     return tuple((label, count) for label, count in kinds if count > 1)
 

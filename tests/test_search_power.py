@@ -82,3 +82,13 @@ def test_the_default_profile_meets_an_overflow_that_needs_extreme_magnitudes(con
                           contracts=("stability",), max_examples=None)
     assert "float16" in run.failed("stability", "naive_softmax") or "float32" in run.failed("stability", "naive_softmax")
     run.passed("stability", "stable_softmax")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_default_profile_meets_an_overflow_at_the_dtypes_largest_magnitude(conformance_run, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """sqrt(sum(x * x)) overflows float32 from |x| ~ 2e19: the corners' scales 1 and 1e2 never reach
+    it, the third corner scale (the dtype's largest, 1e30 in float32) does (soft-DTW at 1e10-1e100 in
+    a new user's trial passed dev and ci before)."""
+    run = conformance_run(ZOO / "numeric_bugs.py", "-k", "row_norm", f"--seed={seed}", contracts=("stability",), max_examples=None)
+    assert "float32" in run.failed("stability", "naive_row_norm")
+    run.passed("stability", "scaled_row_norm")

@@ -221,7 +221,11 @@ class IndexRecipe(Recipe):
         return f"index_from_seed({self.shape!r}, seed={self.seed}, high={self.high}{extra}, device={device!r})"
 
     def describe(self) -> str:
-        extra = f", {self.sentinel_fraction:.0%} set to {list(self.sentinels)}" if self.sentinel_fraction else ""
+        extra = ""
+        if self.sentinel_fraction:  # what this tensor holds: a drawn fraction of one element is often none
+            built = self.build(torch.int64, "cpu")
+            count = int(sum(int((built == s).sum()) for s in self.sentinels))
+            extra = f", {count} of {built.numel()} set to {list(self.sentinels)}"
         return f"{self.name}: index{tuple(self.shape)} < {self.high}{extra}"
 
 

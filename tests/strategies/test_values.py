@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from strategies import (
     tensor_from_seed,
     tensors,
 )
+from strategies.recipes import IndexRecipe
 from tests.strategies.helpers import collect_examples
 
 FAST = settings(max_examples=25, database=None, deadline=None)
@@ -218,3 +220,12 @@ def test_extreme_magnitudes_are_dtype_aware(dtype: torch.dtype) -> None:
 def test_bad_arguments_raise_invalid_argument(factory, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidArgument, match=message):
         find(factory(), lambda v: True)
+
+
+def test_an_index_case_line_says_how_many_sentinels_it_holds() -> None:
+    """It printed the drawn fraction ("30% set to [-100]") for a one-element target holding none."""
+    for shape in ((1,), (5,), (3, 4)):
+        recipe = IndexRecipe("target", shape=shape, seed=1015724052, high=2, sentinels=(-100,), sentinel_fraction=0.3)
+        held = int((recipe.build(torch.int64, "cpu") == -100).sum())
+        numel = math.prod(shape)
+        assert recipe.describe() == f"target: index{shape} < 2, {held} of {numel} set to [-100]", recipe.describe()

@@ -284,8 +284,11 @@ def _compare(
             f"{what} with non-contiguous layouts != {what} with contiguous layouts and the same values [{where}]",
             f"layouts: {layouts}",
             str(error).strip(),
-            "The kernel probably reads memory as if it were contiguous (data_ptr/storage indexing, "
-            "as_strided with contiguous strides): call .contiguous() on its inputs and on grad_output.",
+            "Usual causes: the kernel reads memory as if it were contiguous (data_ptr/storage indexing, "
+            "as_strided with contiguous strides): call .contiguous() on its inputs and on grad_output; or "
+            "forward branches on a copy: inside forward x.contiguous() of a non-contiguous x is a new tensor "
+            "with requires_grad=False (grad mode is off there), so work keyed on x.requires_grad is skipped, "
+            "and what is written into the copy never reaches x.",
         )
 
 

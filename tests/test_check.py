@@ -306,3 +306,26 @@ def test_a_declared_random_function_wrong_without_autocast_is_references_not_aut
     assert result.outcome("reference") == "failed", str(result)
     assert result.outcome("autocast") == "blocked", str(result)  # it failed on its own before
     assert "blocked by reference" in next(r for r in result.results if r.contract == "autocast").verdict.describe()
+
+
+class _GradKeyedOnRequiresGrad(torch.autograd.Function):
+    """sum(x * x) per row with the gradient made in forward only when the (contiguous) input needs one,
+    as Liger's cross-entropy does: for a non-contiguous x the copy has requires_grad=False in forward."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        buf = x.contiguous()
+        ctx.save_for_backward(buf.mul(2) if buf.requires_grad else buf)
+        return (buf * buf).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (dx,) = ctx.saved_tensors
+        return grad.unsqueeze(-1) * dx
+
+
+def test_the_layouts_hint_names_a_copy_that_lost_requires_grad(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_GradKeyedOnRequiresGrad, inputs=[Tensor("x", "m n")], reference=lambda x: (x * x).sum(-1),
+                          contracts=["layouts"], device="cpu")
+    assert "requires_grad=False (grad mode is off there)" in str(raised.value), str(raised.value)

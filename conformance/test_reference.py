@@ -157,7 +157,7 @@ def _judge_dtype(
                 fail(f"{what} differs from the reference (a non-floating output, compared exactly) [{where}]")
             continue
         if dtype == torch.float64:
-            comparison = compare_float64(got, want, what=what, where=where)
+            comparison = compare_float64(got, want, what=what, where=where, spec=spec)
         else:
             comparison = compare_budget(
                 got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, k=multiplier(spec, dtype, which),

@@ -17,6 +17,7 @@ import conformance
 from conformance import Tensor
 from conformance.spec.registry import make_specs
 from tests.conftest import ZOO
+from tests.zoo.unusual_correct_derivatives import CentralDifferenceSin
 from tests.zoo_runs import ZOO_RUNS
 
 CORE = ZOO_RUNS["core_bugs"]
@@ -329,3 +330,16 @@ def test_the_layouts_hint_names_a_copy_that_lost_requires_grad(clean_registry) -
         conformance.check(_GradKeyedOnRequiresGrad, inputs=[Tensor("x", "m n")], reference=lambda x: (x * x).sum(-1),
                           contracts=["layouts"], device="cpu")
     assert "requires_grad=False (grad mode is off there)" in str(raised.value), str(raised.value)
+
+
+def test_a_derivative_approximate_by_design_passes_with_a_declared_float64_tolerance(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    """float64 was assert_close at its defaults with no way to say "approximate by design" but to drop
+    float64 (and gradcheck with it): an adjoint ODE solve failed reference and needs_input_grad."""
+    keywords = {"inputs": [Tensor("x", "*batch n")], "reference": torch.sin, "dtypes": [torch.float64], "double_backward": False,
+                "contracts": ["reference", "needs_input_grad", "gradcheck"], "device": "cpu"}
+    result = conformance.check(CentralDifferenceSin, raise_on_failure=False, **keywords)
+    assert result.outcome("reference") == "failed" and result.outcome("gradcheck") == "passed", str(result)
+    declared = conformance.check(CentralDifferenceSin, tolerances={torch.float64: {"rtol": 1e-5, "atol": 1e-6}}, **keywords)
+    assert declared.passed, str(declared)
+    with pytest.raises(ValueError, match="rtol and atol are for torch.float64 only"):
+        conformance.check(CentralDifferenceSin, **{**keywords, "dtypes": [torch.float32]}, tolerances={torch.float32: {"rtol": 1e-5}})

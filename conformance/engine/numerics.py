@@ -51,6 +51,7 @@ from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
+from conformance.spec.spec import FLOAT64_TOLERANCE_KEYS
 from strategies.cases import Case
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "compare_plain",
     "evaluate_spec",
     "exactly_equal",
+    "float64_tolerance",
     "judge_against_truth",
     "judged_grads",
     "judged_outputs",
@@ -287,17 +289,32 @@ def exactly_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
         return False
 
 
-def compare_float64(actual: torch.Tensor, truth: torch.Tensor, *, what: str, where: str) -> Comparison | None:
+def float64_tolerance(spec: Spec) -> tuple[float, float] | None:
+    """``(rtol, atol)`` the spec declares for float64 (``tolerances={torch.float64: {"rtol": ..,
+    "atol": ..}}``, results approximate by design; an unnamed one is assert_close's default), or None."""
+    declared = spec.tolerances.get(torch.float64, {})
+    if not any(key in declared for key in FLOAT64_TOLERANCE_KEYS):
+        return None
+    return float(declared.get("rtol", 1e-7)), float(declared.get("atol", 1e-7))  # assert_close's float64 defaults
+
+
+def compare_float64(
+    actual: torch.Tensor, truth: torch.Tensor, *, what: str, where: str, spec: Spec | None = None,
+) -> Comparison | None:
     """The reference contract's float64 rule: ``torch.testing.assert_close`` with its defaults
-    (the truth is the reference in float64 itself, so there is no reference error to scale)."""
+    (the truth is the reference in float64 itself, so there is no reference error to scale), or
+    with the tolerance ``spec`` declares for float64."""
     if exactly_equal(actual.cpu(), truth.cpu()):
         return None
+    declared = float64_tolerance(spec) if spec is not None else None
+    rtol, atol = declared if declared is not None else (None, None)
     try:
         torch.testing.assert_close(
-            actual.detach().cpu(), truth.detach().cpu(), equal_nan=True, check_dtype=False, check_stride=False
+            actual.detach().cpu(), truth.detach().cpu(), rtol=rtol, atol=atol, equal_nan=True, check_dtype=False, check_stride=False
         )
     except AssertionError as error:
-        return Comparison(f"{what} != reference [{where}, torch.testing.assert_close]", str(error))
+        rule = f"torch.testing.assert_close(rtol={rtol:g}, atol={atol:g}) as declared" if declared else "torch.testing.assert_close"
+        return Comparison(f"{what} != reference [{where}, {rule}]", str(error))
     return None
 
 
@@ -686,7 +703,7 @@ def judge_against_truth(
                 return Comparison(f"{value.what} differs from the reference (not floating point: compared exactly) [{value.where}]", "")
             continue
         if dtype == torch.float64:
-            comparison = compare_float64(value.actual, value.truth, what=value.what, where=value.where)
+            comparison = compare_float64(value.actual, value.truth, what=value.what, where=value.where, spec=spec)
             if comparison is not None:
                 return comparison
             continue

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from conformance.engine.defects import Blocked, Defect, require_sound
 from conformance.engine.evaluate import execute
 from conformance.engine.harness import Execution, fixed_rng, why_no_backward
-from conformance.engine.numerics import exactly_equal, reordering_tolerance
+from conformance.engine.numerics import exactly_equal, float64_tolerance, reordering_tolerance
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, advise, describe_value, fail
 from conformance.engine.runner import Target
@@ -213,6 +213,9 @@ def _check_subset(
         if exactly_equal(grad, want):
             continue
         rtol, atol = reordering_tolerance(case.dtype, want)
+        approximate = float64_tolerance(case.spec) if case.dtype == torch.float64 else None
+        if approximate is not None:  # approximate by design: another subset may take another solver path
+            rtol, atol = max(rtol, approximate[0]), max(atol, approximate[1])
         try:
             torch.testing.assert_close(grad.detach(), want, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False, check_device=False)
         except AssertionError as error:

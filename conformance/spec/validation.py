@@ -51,6 +51,8 @@ from conformance.spec.shapes import ShapeSpec, parse_shape
 from conformance.spec.spec import (
     DEFAULT_TOLERANCES,
     DEVICES,
+    FLOAT64_TOLERANCE_KEYS,
+    MAX_FLOAT64_TOLERANCE,
     MAX_FLOOR_ULPS,
     MAX_TOLERANCE,
     SAVES_CHOICES,
@@ -356,13 +358,22 @@ def check_tolerances(tolerances: Any, dtypes: Any, fail: Fail) -> None:
 
 
 def _check_tolerance(dtype: Any, key: Any, k: Any, fail: Fail) -> None:
+    if key in FLOAT64_TOLERANCE_KEYS:
+        if dtype != torch.float64:
+            raise fail(
+                "tolerances", f"tolerances[{dtype}][{key!r}]: rtol and atol are for torch.float64 only (results approximate "
+                "by design); other dtypes take 'output' and 'grad' multipliers of the reference's own error",
+            )
+        if not is_number(k) or not 0 < k <= MAX_FLOAT64_TOLERANCE:
+            raise fail("tolerances", f"tolerances[{dtype}][{key!r}] = {k!r} must be a number in (0, {MAX_FLOAT64_TOLERANCE}]")
+        return
     if key == "floor_ulps":
         if not is_count(k, 1) or k > MAX_FLOOR_ULPS:
             raise fail("tolerances", f"tolerances[{dtype}]['floor_ulps'] = {k!r} must be an int in [1, {MAX_FLOOR_ULPS}]")
         return
     check_listed(
         key, tuple(DEFAULT_TOLERANCES), fail, "tolerances",
-        f"tolerances[{dtype}] key {key!r} is not one of {(*DEFAULT_TOLERANCES, 'floor_ulps')}",
+        f"tolerances[{dtype}] key {key!r} is not one of {(*DEFAULT_TOLERANCES, 'floor_ulps', *FLOAT64_TOLERANCE_KEYS)}",
     )
     if not is_number(k) or not 0 < k <= MAX_TOLERANCE:
         raise fail("tolerances", f"tolerances[{dtype}][{key!r}] = {k!r} must be a number in (0, {MAX_TOLERANCE}]")

@@ -182,3 +182,34 @@ register(
     dtypes=FLOATS, double_backward=False,
 )
 
+
+
+class CentralDifferenceSin(torch.autograd.Function):
+    """sin(x) exact; backward by a central difference with step 3e-3 (a stand-in for a derivative that is
+    approximate by design: an adjoint ODE solve, an iterative solver's tolerance), ~1.5e-6 relative off.
+    Declared with tolerances[float64]; without it the reference contract fails it (tests/test_check.py)."""
+
+    STEP = 3e-3
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.sin(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        h = CentralDifferenceSin.STEP
+        return grad_output * (torch.sin(x + h) - torch.sin(x - h)) / (2 * h)
+
+
+register(
+    CentralDifferenceSin,
+    name="approximate_derivative_declared",
+    inputs=[Tensor("x", "*batch n")],
+    reference=torch.sin,
+    dtypes=(torch.float64,),
+    double_backward=False,
+    tolerances={torch.float64: {"rtol": 1e-5, "atol": 1e-6}},
+)

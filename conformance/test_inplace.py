@@ -23,6 +23,7 @@ be modified in place, and the clone's gradient flows back to the leaf as in a re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +35,7 @@ from conformance.engine.evaluate import forward, gradients
 from conformance.engine.harness import changed_elements, differentiable_positions, forward_args
 from conformance.engine.numerics import exactly_equal, reordering_tolerance
 from conformance.engine.probe import BackwardCall
-from conformance.engine.report import describe_value, fail
+from conformance.engine.report import advise, describe_value, fail
 from conformance.engine.runner import Target
 from strategies.cases import GRAD_LAYOUTS, Case
 
@@ -170,7 +171,7 @@ def _check_once(target: Target, case: Case) -> None:
             raise backward_error
         return
     call = recorder.last
-    _check_backward_record(target, call, names, tensors, after_forward)
+    private_writes = _check_backward_record(target, call, names, tensors, after_forward, outputs)
     if backward_error is not None:
         raise backward_error
 
@@ -200,10 +201,18 @@ def _check_once(target: Target, case: Case) -> None:
             fail(
                 f"grad[{name!r}] on the second backward != first backward [{fn_name}.backward, retain_graph=True]",
                 "Backpropagating the same graph twice must give the same gradients; the first call changed "
-                "something the second reads (a saved tensor or a buffer kept on ctx, written in place).",
+                "something the second reads (a saved tensor or a buffer kept on ctx, written in place)"
+                + (f": backward wrote into {', '.join(private_writes)}." if private_writes else "."),
                 str(error),
             )
     _check_views(fn_name, views)
+    if private_writes:
+        advise(
+            f"backward modified {', '.join(private_writes)} in place; no input or output shares its memory and a "
+            f"second backward (retain_graph=True) gives the same gradients, so this is hygiene [{fn_name}.backward]",
+            "Compute into new tensors: a backward that writes into what forward saved is right only while "
+            "its writes stay idempotent.",
+        )
 
 
 def _check_views(fn_name: str, views: list[tuple[int, str, torch.Tensor, torch.Tensor]]) -> None:
@@ -232,8 +241,13 @@ def _check_backward_record(
     names: list[str],
     tensors: list[tuple[str, torch.Tensor]],
     after_forward: dict[str, Snapshot],
-) -> None:
+    outputs: Sequence[Any],
+) -> list[str]:
+    """Fails for writes into grad_output, inputs and saved tensors others can see; returns the
+    saved tensors of backward's own (sharing memory with no input or output) that it modified:
+    harmless where a second backward still gives the same gradients (judged by the caller)."""
     fn_name = target.spec.display_name
+    private_writes: list[str] = []
     raw = call.raw or ()
     returned_for = {
         position: names[position] if position < len(names) else f"#{position}" for position in range(len(raw))
@@ -283,7 +297,10 @@ def _check_backward_record(
         if now is None or then is None:
             continue  # ctx.save_for_backward(x, None): nothing was saved there
         count = changed_elements(now, then)
-        if count:
+        visible = any(shares_memory(now, t) for t in [*(a for _, a in tensors), *outputs] if isinstance(t, torch.Tensor))
+        if count and not visible:
+            private_writes.append(f"ctx.saved_tensors[{position}] ({describe_value(now)}, {count} of {now.numel()} elements)")
+        elif count:
             fail(
                 f"ctx.saved_tensors[{position}] was modified in place by backward, but should be unchanged "
                 f"[{fn_name}.backward, {describe_value(now)}]",
@@ -301,6 +318,7 @@ def _check_backward_record(
                     "A gradient returned in the input's own storage (e.g. x.data filled with the gradient) "
                     "overwrites the input and breaks every other user of it.",
                 )
+    return private_writes
 
 
 @contract("inplace")

@@ -15,6 +15,7 @@ import torch
 
 import conformance
 from conformance import Tensor
+from conformance.engine.verdict import Outcome
 from conformance.spec.registry import make_specs
 from tests.conftest import ZOO
 from tests.zoo.unusual_correct_derivatives import CentralDifferenceSin
@@ -343,3 +344,27 @@ def test_a_derivative_approximate_by_design_passes_with_a_declared_float64_toler
     assert declared.passed, str(declared)
     with pytest.raises(ValueError, match="rtol and atol are for torch.float64 only"):
         conformance.check(CentralDifferenceSin, **{**keywords, "dtypes": [torch.float32]}, tolerances={torch.float32: {"rtol": 1e-5}})
+
+
+class _WorkspaceFilledInBackward(torch.autograd.Function):
+    """x ** 3 with a workspace saved from forward that backward fills (overwrites, the same values each
+    time) and reads: a write no input or output sees, harmless to a second backward (pysdtw fills
+    its saved R matrix this way)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x, torch.zeros_like(x))
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, work = ctx.saved_tensors
+        work.data.copy_(3 * x * x)  # through .data, as a numba kernel writes it: no version bump
+        return work * grad
+
+
+def test_a_write_into_backwards_own_saved_workspace_is_hygiene_when_a_second_backward_agrees(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    result = conformance.check(_WorkspaceFilledInBackward, inputs=[Tensor("x", "n")], reference=lambda x: x**3,
+                               contracts=["inplace"], device="cpu")
+    verdict = result.results[0].verdict
+    assert verdict.outcome is Outcome.ADVICE and "ctx.saved_tensors[1]" in verdict.reason and "hygiene" in verdict.reason, verdict

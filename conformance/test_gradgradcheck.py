@@ -11,8 +11,8 @@
   ``.detach()``; also tried at grad_output all ones, what ``loss.backward()`` passes, where a fast
   path may return a gradient computed in forward) or a double backward that silently runs with
   wrong numbers (gradgradcheck in float64; without float64, against the reference's double
-  backward by the reference contract's rule) fails: a gradient penalty built on it trains with a wrong or missing term and nobody is
-  told. A double backward that runs and is right is advice: declare it, or add
+  backward by the reference contract's rule) fails: a gradient penalty built on it trains with a
+  wrong or missing term and nobody is told. A double backward that runs and is right is advice: declare it, or add
   ``@once_differentiable``.
 
 Surrogate (straight-through) specs are checked exactly like the others. gradgradcheck never
@@ -407,8 +407,12 @@ def _detached_at_ones(call: Any, case: Case, wrt: tuple[torch.Tensor, ...], name
     fast path for ``grad_output == 1`` that returns a gradient computed in forward has no graph."""
     try:
         _, grads = _first_grads(call, case, wrt, ones=True)
-    except Exception:
-        return
+    except (ContractFailure, Blocked, Crash, InterpreterLimit, torch.OutOfMemoryError):
+        raise
+    except Exception as error:
+        if interpreter_limit(error) or suite_frame(error):
+            raise
+        return  # a refusal at ones is a refusal: nothing silent
     for name, grad in zip(names, grads):
         if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):
             fail(
@@ -425,9 +429,10 @@ def _judge_against_reference(
     target: Target, case: Case, found: list[torch.Tensor | None], names: list[str], grad_outputs: list[torch.Tensor],
     summed: list[int],
 ) -> None:
-    """Without gradgradcheck (no float64, or float32 values inside), the double backward that ran (all-ones weights on the
-    gradients ``summed``) against the reference's own, by the reference contract's rule: wrong
-    numbers fail; right ones, or no reference double backward to compare with, are advice."""
+    """Without gradgradcheck (no float64, or float32 values inside), the double backward that ran
+    (all-ones weights on the gradients ``summed``) against the reference's own, by the reference
+    contract's rule: wrong numbers fail; right ones, or no reference double backward to compare
+    with, are advice."""
     spec = target.spec
     args = case.args(dtype=case.dtype)  # pristine: the Function may have written into its inputs
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]

@@ -27,6 +27,7 @@ before every forward, so finite differences compare calls that drew the same noi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -55,7 +56,7 @@ from conformance.engine.finite_differences import (
     unresolvable_outputs,
 )
 from conformance.engine.harness import fixed_rng
-from conformance.engine.numerics import Judged, judge_against_truth, truth_and_baseline
+from conformance.engine.numerics import Judged, judge_against_truth, neighbouring_cases, truth_and_baseline
 from conformance.engine.probe import Recorder
 from conformance.engine.report import ContractFailure, advise, fail, suite_frame, user_frames
 from conformance.engine.runner import Target
@@ -366,7 +367,8 @@ def _check_refuses_double_backward(
     # .backward() (not autograd.grad(..., inputs=...)): through a @once_differentiable backward
     # only a pass that reaches every leaf raises; autograd.grad prunes the error node and
     # returns None. .backward() is what a gradient-penalty training step does.
-    weights = [torch.ones_like(g) for g in attached]
+    # Positive, uneven weights: a plain sum of a normalisation's gradient is 0 whatever its inputs.
+    weights = [_uneven_weights(g, k) for k, g in enumerate(attached)]
     for leaf in wrt:
         leaf.grad = None
     try:
@@ -380,7 +382,9 @@ def _check_refuses_double_backward(
         # No gradgradcheck without float64, nor where finite differences cannot resolve the outputs
         # (forward computes in float32 and casts back: its "numerical" derivatives are rounding noise).
         summed = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        _judge_against_reference(target, case, [leaf.grad for leaf in wrt], names, [g.detach() for g in grad_outputs], summed)
+        _judge_against_reference(
+            target, case, [leaf.grad for leaf in wrt], names, [g.detach() for g in grad_outputs], summed, weights,
+        )
         return
     fd_grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
     message = _gradgradcheck_error(call, case, wrt, fd_grad_outputs, nondeterministic=target.spec.nondeterministic)
@@ -425,22 +429,31 @@ def _detached_at_ones(call: Any, case: Case, wrt: tuple[torch.Tensor, ...], name
             )
 
 
+def _uneven_weights(grad: torch.Tensor, index: int) -> torch.Tensor:
+    """Weights in [0.5, 1.5) for the ``index``-th gradient, the same on every run."""
+    generator = torch.Generator().manual_seed(index)
+    return (torch.rand(grad.shape, generator=generator, dtype=torch.float64) + 0.5).to(grad.device, grad.dtype)
+
+
 def _judge_against_reference(
     target: Target, case: Case, found: list[torch.Tensor | None], names: list[str], grad_outputs: list[torch.Tensor],
-    summed: list[int],
+    summed: list[int], weights: list[torch.Tensor],
 ) -> None:
     """Without gradgradcheck (no float64, or float32 values inside), the double backward that ran
-    (all-ones weights on the gradients ``summed``) against the reference's own, by the reference
+    (``weights`` on the gradients ``summed``) against the reference's own, by the reference
     contract's rule: wrong numbers fail; right ones, or no reference double backward to compare
     with, are advice."""
     spec = target.spec
     args = case.args(dtype=case.dtype)  # pristine: the Function may have written into its inputs
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     dtype_name = str(case.dtype).removeprefix("torch.")
-    try:
-        truth, plain = truth_and_baseline(spec, case, lambda cast, _: reference_double_backward(
-            case, [cast(a) for a in args], positions, [cast(g) for g in grad_outputs], summed,
+    def second_derivatives(at: list[Any], outs: list[torch.Tensor]) -> tuple[Any, Any]:
+        return truth_and_baseline(spec, case, lambda cast, _: reference_double_backward(
+            case, [cast(a) for a in at], positions, [cast(g) for g in outs], summed, [cast(w) for w in weights],
         ))
+
+    try:
+        truth, plain = second_derivatives(args, grad_outputs)
     except Exception as error:  # a reference that is not twice differentiable has nothing to compare with
         target.checked()
         advise(
@@ -451,11 +464,25 @@ def _judge_against_reference(
         return
     where = f"{spec.display_name}, double backward, {dtype_name}, vs the reference's double backward"
     values = [
-        Judged(f"d(sum of the gradients)/d{name!r}", "grad", got if got is not None else torch.zeros_like(want), want,
+        Judged(f"d(weighted sum of the gradients)/d{name!r}", "grad", got if got is not None else torch.zeros_like(want), want,
                base if base is not None else torch.zeros_like(want), where)
         for name, got, want, base in zip(names, found, truth, plain) if want is not None
     ]
     wrong = judge_against_truth(spec, case.dtype, values)
+    if wrong is not None:
+        # The full budget, as the reference contract measures it: the reference's own error at
+        # neighbouring inputs (a fused backward differentiated rounds differently from the reference's).
+        moved = [
+            second_derivatives(moved_args, [moved_grads[i] for i in range(len(grad_outputs))])
+            for moved_args, moved_grads in neighbouring_cases(case, args, dict(enumerate(grad_outputs)), None, dtype_name)
+        ]
+        values = [
+            dataclasses.replace(value, resampled=tuple(
+                (b[k], t[k]) for t, b in moved if t[k] is not None and b[k] is not None
+            ))
+            for k, value in zip([k for k, want in enumerate(truth) if want is not None], values)
+        ]
+        wrong = judge_against_truth(spec, case.dtype, values)
     if wrong is not None:
         fail(
             f"double backward runs and is silently WRONG, but the spec declares double_backward=False [{where}]",

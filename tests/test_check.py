@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import conformance
 from conformance import Tensor
@@ -368,3 +369,33 @@ def test_a_write_into_backwards_own_saved_workspace_is_hygiene_when_a_second_bac
                                contracts=["inplace"], device="cpu")
     verdict = result.results[0].verdict
     assert verdict.outcome is Outcome.ADVICE and "ctx.saved_tensors[1]" in verdict.reason and "hygiene" in verdict.reason, verdict
+
+
+class _Float32LayerNorm(torch.autograd.Function):
+    """LayerNorm without weight, a fused plain-torch backward in float32: twice differentiable and right."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        mu = x.mean(-1, keepdim=True)
+        ctx.save_for_backward(x)
+        return (x - mu) * torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        mu = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
+        xhat = (x - mu) * rstd
+        return rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_right_float32_double_backward_is_not_failed_on_rounding(clean_registry, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Judged against the reference's double backward: the gradients of a normalisation sum to 0, so
+    all-ones weights compared rounding noise with an exact 0, and a fused backward's rounding with one
+    sample of the reference's (seeds 0, 1, 2, 3, 5 and 6 at ci failed): uneven weights, and the
+    reference's own error at neighbouring inputs, as the reference contract measures it."""
+    result = conformance.check(_Float32LayerNorm, inputs=[Tensor("x", "*batch n")], reference=lambda x: F.layer_norm(x, x.shape[-1:]),
+                               dtypes=[torch.float32], double_backward=False, contracts=["gradgradcheck"], device="cpu",
+                               seed=seed, profile="ci")
+    assert result.outcome("gradgradcheck") == "advice", str(result)

@@ -120,7 +120,7 @@ def test_without_float64_an_undeclared_double_backward_is_judged_by_the_referenc
     (a Triton kernel's float32 backward returning a saved intermediate was advice, "numbers not checked")."""
     text = bugs.failed("gradgradcheck", "silent_wrong_double_backward_float32")
     assert "silently WRONG, but the spec declares double_backward=False" in text and "vs the reference's double backward" in text
-    assert "d(sum of the gradients)/d'x'" in text and "float32" in text, text
+    assert "d(weighted sum of the gradients)/d'x'" in text and "float32" in text, text
     advice = correct.verdict("gradgradcheck", "undeclared_softplus_float32").recorded
     assert "matches the reference's on this example" in advice.reason, advice.reason
 

@@ -728,11 +728,12 @@ def reference_jvp(case: Case, args: Sequence[Any], tangents: Mapping[int, torch.
 
 def reference_double_backward(
     case: Case, args: Sequence[Any], positions: Sequence[int], grad_outputs: Sequence[torch.Tensor], summed: Sequence[int],
+    weights: Sequence[torch.Tensor],
 ) -> tuple[torch.Tensor | None, ...]:
-    """What double backward with all-ones weights gives for the spec's surrogate when it declares
-    one, else its reference (the caller sets the RNG state): the derivative with respect to each
-    ``args[p]`` (``p`` in ``positions``) of the sum of the first-order gradients ``summed`` (indices
-    into ``positions``) of ``<outputs, grad_outputs>``; None where nothing depends on it."""
+    """What double backward gives for the spec's surrogate when it declares one, else its reference
+    (the caller sets the RNG state): the derivative with respect to each ``args[p]`` (``p`` in
+    ``positions``) of the first-order gradients ``summed`` (indices into ``positions``) of
+    ``<outputs, grad_outputs>``, weighted by ``weights`` and summed; None where nothing depends on it."""
     func = case.spec.surrogate or case.spec.reference
     full = list(args)
     leaves = [args[p].detach().requires_grad_(True) for p in positions]
@@ -742,7 +743,7 @@ def reference_double_backward(
     if len(outputs) != len(grad_outputs):
         raise ValueError(f"the reference has {len(outputs)} differentiable outputs, the Function {len(grad_outputs)}")
     firsts = torch.autograd.grad(outputs, leaves, list(grad_outputs), create_graph=True, allow_unused=True)
-    attached = [firsts[i].sum() for i in summed if firsts[i] is not None and firsts[i].requires_grad]
+    attached = [(firsts[i] * w).sum() for i, w in zip(summed, weights) if firsts[i] is not None and firsts[i].requires_grad]
     if not attached:
         return tuple(None for _ in leaves)
     return tuple(torch.autograd.grad(torch.stack(attached).sum(), leaves, allow_unused=True))

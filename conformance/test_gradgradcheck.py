@@ -410,15 +410,17 @@ def _detached_at_ones(call: Any, case: Case, wrt: tuple[torch.Tensor, ...], name
     """The same check at grad_output all ones, what ``loss.backward(create_graph=True)`` passes: a
     fast path for ``grad_output == 1`` that returns a gradient computed in forward has no graph."""
     try:
-        _, grads = _first_grads(call, case, wrt, ones=True)
+        ones, grads = _first_grads(call, case, wrt, ones=True)
     except (ContractFailure, Blocked, Crash, InterpreterLimit, torch.OutOfMemoryError):
         raise
     except Exception as error:
         if interpreter_limit(error) or suite_frame(error):
             raise
         return  # a refusal at ones is a refusal: nothing silent
-    for name, grad in zip(names, grads):
-        if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()):
+    for index, (name, grad) in enumerate(zip(names, grads)):
+        if grad is not None and not grad.requires_grad and bool(grad.ne(0).any()) and _reference_gradient_varies(
+            case, index, [g.detach() for g in ones], grad,
+        ):
             fail(
                 f"grad[{name!r}].requires_grad=False under create_graph=True with grad_output all ones (what "
                 "loss.backward() passes), but double backward should raise [spec declares double_backward=False]",
@@ -427,6 +429,21 @@ def _detached_at_ones(call: Any, case: Case, wrt: tuple[torch.Tensor, ...], name
                 "built on loss.backward(create_graph=True) silently gets no gradient from it.",
                 ADVICE_FALSE,
             )
+
+
+def _reference_gradient_varies(case: Case, index: int, ones: list[torch.Tensor], grad: torch.Tensor) -> bool:
+    """Whether the reference's ``index``-th gradient at grad_output ``ones`` depends on the inputs
+    (its weighted sum has a nonzero derivative); False where it is a constant (a mean's), which a
+    gradient without graph gets right, or where the reference cannot tell."""
+    args = case.args(dtype=case.dtype)
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    try:
+        second, _ = truth_and_baseline(case.spec, case, lambda cast, is_truth: reference_double_backward(
+            case, [cast(a) for a in args], positions, [cast(g) for g in ones], [index], [cast(_uneven_weights(grad, 0))],
+        ) if is_truth else ())
+    except Exception:  # a reference that is not twice differentiable cannot tell
+        return False
+    return any(s is not None and bool(s.ne(0).any()) for s in second)
 
 
 def _uneven_weights(grad: torch.Tensor, index: int) -> torch.Tensor:

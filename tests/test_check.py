@@ -309,6 +309,11 @@ def test_a_declared_random_function_wrong_without_autocast_is_references_not_aut
     assert result.outcome("reference") == "failed", str(result)
     assert result.outcome("autocast") == "blocked", str(result)  # it failed on its own before
     assert "blocked by reference" in next(r for r in result.results if r.contract == "autocast").verdict.describe()
+    # --dtypes without float64: reference cannot judge it, so autocast keeps its own failure
+    declared = make_specs(_DropoutLinearForgetsScale, inputs=[Tensor("x", "m n"), Tensor("w", "n k")], reference=reference,
+                          nondeterministic=True, double_backward=False)[0]
+    filtered = conformance.check(declared, dtypes=["float32"], contracts=["reference", "autocast"], device="cpu", raise_on_failure=False)
+    assert filtered.outcome("autocast") == "failed" and filtered.outcome("reference") == "skipped", str(filtered)
 
 
 class _GradKeyedOnRequiresGrad(torch.autograd.Function):

@@ -34,6 +34,7 @@ from conformance.engine.contract import contract
 from conformance.engine.evaluate import forward, gradients
 from conformance.engine.harness import changed_elements, differentiable_positions, forward_args
 from conformance.engine.numerics import exactly_equal, reordering_tolerance
+from conformance.engine.overlap import shares_memory
 from conformance.engine.probe import BackwardCall
 from conformance.engine.report import advise, describe_value, fail
 from conformance.engine.runner import Target
@@ -50,30 +51,6 @@ class Snapshot:
 
 def snapshot(tensor: torch.Tensor) -> Snapshot:
     return Snapshot(tensor.detach().clone(), tensor._version)
-
-
-def memory_span(tensor: torch.Tensor) -> tuple[Any, int, int] | None:
-    """(storage key, first byte, one past the last byte) that ``tensor`` can touch."""
-    if tensor.numel() == 0 or tensor.layout != torch.strided:
-        return None
-    try:
-        key = (str(tensor.device), tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, some subclasses)
-        return None
-    size = tensor.element_size()
-    low = sum(min(0, (n - 1) * s) for n, s in zip(tensor.shape, tensor.stride()))
-    high = sum(max(0, (n - 1) * s) for n, s in zip(tensor.shape, tensor.stride()))
-    start = tensor.data_ptr()
-    return key, start + low * size, start + (high + 1) * size
-
-
-def shares_memory(a: Any, b: Any) -> bool:
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return False
-    span_a, span_b = memory_span(a), memory_span(b)
-    if span_a is None or span_b is None or span_a[0] != span_b[0]:
-        return False
-    return span_a[1] < span_b[2] and span_b[1] < span_a[2]
 
 
 def _describe_change(count: int, now: torch.Tensor, before: Snapshot) -> str:

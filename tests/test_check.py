@@ -427,3 +427,27 @@ def test_a_constant_gradient_without_graph_at_unit_grad_output_is_right(clean_re
     result = conformance.check(_MeanLossFastPath, inputs=[Tensor("x", "n")], reference=lambda x: x.mean(), double_backward=False,
                                contracts=["gradgradcheck"], device="cpu", raise_on_failure=False)
     assert result.outcome("gradgradcheck") in ("passed", "advice"), str(result)
+
+
+class _PackedWorkspace(torch.autograd.Function):
+    """x ** 3 in column 0 of a packed (n, 2) buffer, backward's workspace in column 1: interleaved with
+    the output, sharing no element with it."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        buf = torch.zeros(x.shape[0], 2, dtype=x.dtype)
+        buf[:, 0] = x**3
+        ctx.save_for_backward(x, buf[:, 1])
+        return buf[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, work = ctx.saved_tensors
+        work.data.copy_(3 * x * x)
+        return work * grad
+
+
+def test_a_workspace_interleaved_with_the_output_is_backwards_own(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    result = conformance.check(_PackedWorkspace, inputs=[Tensor("x", "n")], reference=lambda x: x**3,
+                               contracts=["inplace"], device="cpu")
+    assert result.results[0].verdict.outcome is Outcome.ADVICE, str(result)

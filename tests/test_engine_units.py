@@ -28,6 +28,7 @@ from conformance.engine.finite_differences import FD_EPS, LARGEST_STEP, resolvin
 from conformance.engine.harness import Execution, changed_elements
 from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
 from conformance.engine.numerics import exactly_equal
+from conformance.engine.overlap import shares_memory
 from conformance.engine.probe import BackwardCall, Recorder, forget_probe_classes, probe, record_into
 from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, advise, fail, upstream_noted
@@ -358,6 +359,31 @@ def test_provenance_follows_writes_into_views_of_a_shared_buffer() -> None:
     assert work is not None and not work.opaque, work
     assert work.ops == {"aten.add_.Tensor": 2, "aten.mul.Tensor": 2}, work.ops
     assert extra_ops(traced, [dkv], [dv]) is None  # dv is part of the needed buffer
+
+
+
+def test_provenance_tells_interleaved_views_of_one_buffer_apart() -> None:
+    """dk and dv as dkv.unbind(1) of a packed (n, 2, d) buffer (flash-attention's qkvpacked layout):
+    their byte spans overlap, their elements do not."""
+    g, k, v = (torch.rand(4, 3, dtype=torch.float64) for _ in range(3))
+    traced = BackwardOps(recording=True)
+    with traced:
+        dkv = torch.zeros(4, 2, 3, dtype=torch.float64)
+        dk, dv = dkv.unbind(1)
+        for block in (slice(0, 2), slice(2, 4)):
+            dk[block].add_(g[block] * v[block])
+            dv[block].add_(g[block] * k[block])
+    work = extra_ops(traced, [dk], [dv])
+    assert work is not None and work.ops == {"aten.add_.Tensor": 2, "aten.mul.Tensor": 2}, work
+
+
+def test_shares_memory_is_element_exact_for_interleaved_views() -> None:
+    buffer = torch.zeros(5, 2)
+    assert not shares_memory(buffer[:, 0], buffer[:, 1])  # interleaved columns: overlapping spans, no element in common
+    assert shares_memory(buffer[:, 0], buffer[1:3])  # rows 1-2 hold column 0's elements 1-2
+    assert shares_memory(buffer, buffer[2, 1]) and not shares_memory(buffer[:2], buffer[2:])
+    assert not shares_memory(buffer, torch.zeros(5, 2)) and not shares_memory(buffer[:0], buffer)
+    assert shares_memory(buffer.view(torch.int32)[:, 1], buffer[:, 1])  # another element size: by span, erring towards sharing
 
 
 def _target(*, contract_examples: int | None, spec_cap: int | None, run_examples: int | None, profile: int = 5) -> Target:

@@ -19,6 +19,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from conformance.engine.overlap import byte_span, shares_memory
+
 __all__ = ["BackwardOps", "ExtraWork", "extra_ops"]
 
 
@@ -38,9 +40,9 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
         self.recording = recording
         self.ops: list[_Op] = []
         self._writer: dict[int, int] = {}  # id(tensor) -> op index
-        # storage -> (first byte, end byte, op index) of each in-place or out= write: a gradient
-        # written slice by slice into a view of a shared buffer depends on those writes
-        self._writes: dict[int, list[tuple[int, int, int]]] = {}
+        # storage -> (op index, tensor written) of each in-place or out= write: a gradient written
+        # slice by slice into a view of a shared buffer depends on those writes
+        self._writes: dict[Any, list[tuple[int, torch.Tensor]]] = {}
         self._alive: list[torch.Tensor] = []  # keeps ids from being reused
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -57,19 +59,18 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
         for tensor in [*outputs, *written]:
             self._writer[id(tensor)] = index
         for tensor in written:
-            span = _byte_span(tensor)
+            span = byte_span(tensor)
             if span is not None:
-                self._writes.setdefault(span[0], []).append((span[1], span[2], index))
+                self._writes.setdefault(span[0], []).append((index, tensor))
         self._alive.extend(inputs + outputs)
         return out
 
     def _writers_of(self, tensor: torch.Tensor) -> list[int]:
         """The op that made ``tensor`` and the writes into the bytes it spans since."""
         writers = [self._writer.get(id(tensor), -1)]
-        span = _byte_span(tensor) if self._writes else None
+        span = byte_span(tensor) if self._writes else None
         if span is not None:
-            key, start, end = span
-            writers += [index for first, last, index in self._writes.get(key, ()) if first < end and start < last]
+            writers += [index for index, written in self._writes.get(span[0], ()) if shares_memory(written, tensor)]
         return writers
 
     def ancestors(self, tensors: Iterable[torch.Tensor]) -> set[int]:
@@ -83,21 +84,6 @@ class BackwardOps(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
             seen.add(index)
             todo.extend(self.ops[index].parents)
         return seen
-
-
-def _byte_span(tensor: torch.Tensor) -> tuple[int, int, int] | None:
-    """(storage, first byte, end byte) that ``tensor`` can touch; None without storage or elements
-    (a strided view's span also covers the gaps between its elements: erring towards a dependence)."""
-    if tensor.numel() == 0 or tensor.device.type == "meta":
-        return None
-    try:
-        storage = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # a tensor subclass or wrapper without storage
-        return None
-    size = tensor.element_size()
-    first = int(tensor.storage_offset()) * size
-    extent = sum((int(n) - 1) * abs(int(stride)) for n, stride in zip(tensor.shape, tensor.stride())) + 1
-    return storage, first, first + extent * size
 
 
 # Ops that move or alias data without arithmetic worth calling work, and ops that allocate.

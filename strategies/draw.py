@@ -33,7 +33,7 @@ from strategies.recipes import (
     TensorRecipe,
 )
 from strategies.reuse import just, reused, sampled
-from strategies.values import distinct_seed, magnitudes, mask_densities, value_seeds
+from strategies.values import corner_magnitudes, distinct_seed, magnitudes, mask_densities, value_seeds
 
 __all__ = ["SENTINEL_FRACTIONS", "PartialCase", "cornered", "draw_recipe", "drawn_shape", "most_broadcast", "shape_of"]
 
@@ -137,7 +137,9 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     options = case.options
     seed = distinct_seed(draw(value_seeds(), label=f"{name} seed"), name)
     shape = drawn_shape(spec_input, draw, case)
-    scale = draw(_cornered(magnitudes(dtype=case.dtype, extreme=options.extreme), scale_label(name), case), label=scale_label(name))
+    cornered_scale = options.extreme and options.corner is not None and options.corner.choice(scale_label(name)) is not None
+    scales = corner_magnitudes(dtype=case.dtype) if cornered_scale else magnitudes(dtype=case.dtype, extreme=options.extreme)
+    scale = draw(_cornered(scales, scale_label(name), case), label=scale_label(name))
     constant = options.constant_rows and not options.spacing and draw(reused(st.booleans), label=f"{name} constant rows")
     layout = draw(_cornered(sampled(tuple(options.layouts)), layout_label(name), case), label=layout_label(name))
     # Only constant rows can be stored stride-0 with the same values.

@@ -28,6 +28,7 @@ __all__ = [
     "VALUE_PATTERNS",
     "additive_mask_from_seed",
     "additive_masks",
+    "corner_magnitudes",
     "grad_outputs",
     "index_from_seed",
     "magnitudes",
@@ -82,13 +83,24 @@ def magnitudes(*, dtype: torch.dtype = torch.float32, extreme: bool = False) -> 
     if not extreme:
         return ordinary
     finfo = torch.finfo(dtype)
-    # Leave headroom: a reduction over a few elements of max/64 must itself stay finite.
-    top = finfo.max / 64
-    extremes = [s for s in (1e2, 1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e100, 1e300) if s <= top]
     tiny = [s for s in (1e-4, finfo.tiny * 1e3) if s > finfo.tiny]
-    # The largest third: the coverage phase takes the first three (ordinary, large logits, the
-    # dtype's largest, where an unguarded exp or square overflows).
-    return sampled((1.0, extremes[0], *extremes[:0:-1], *tiny))
+    return sampled((1.0, *_extreme_scales(dtype), *tiny))
+
+
+def _extreme_scales(dtype: torch.dtype) -> list[float]:
+    # Leave headroom: a reduction over a few elements of max/64 must itself stay finite.
+    top = torch.finfo(dtype).max / 64
+    return [s for s in (1e2, 1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e100, 1e300) if s <= top]
+
+
+def corner_magnitudes(*, dtype: torch.dtype = torch.float32) -> st.SearchStrategy[float]:
+    """The extreme scales the coverage phase takes in turn: ordinary (1), large logits (1e2) and the
+    dtype's largest of :func:`magnitudes` (where an unguarded exp or square overflows). Kept apart
+    from :func:`magnitudes`, which shrinks towards the smallest scale that fails."""
+    if not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype!r} must be a floating-point dtype")
+    extremes = _extreme_scales(dtype)
+    return sampled((1.0, extremes[0], extremes[-1]))
 
 
 def _check_domain(domain: Domain) -> None:

@@ -25,7 +25,9 @@ from strategies import (
     tensor_from_seed,
     tensors,
 )
+from strategies.coverage import finite_values
 from strategies.recipes import IndexRecipe
+from strategies.values import corner_magnitudes
 from tests.strategies.helpers import collect_examples
 
 FAST = settings(max_examples=25, database=None, deadline=None)
@@ -229,3 +231,12 @@ def test_an_index_case_line_says_how_many_sentinels_it_holds() -> None:
         held = int((recipe.build(torch.int64, "cpu") == -100).sum())
         numel = math.prod(shape)
         assert recipe.describe() == f"target: index{shape} < 2, {held} of {numel} set to [-100]", recipe.describe()
+
+
+def test_extreme_magnitudes_shrink_to_the_smallest_that_fails_and_corners_take_the_largest() -> None:
+    """A failure at large scales is reported at the smallest extreme scale that shows it; the coverage
+    phase takes 1, 1e2 and the dtype's largest in turn (strategies.values.corner_magnitudes)."""
+    assert find(magnitudes(dtype=torch.float32, extreme=True), lambda v: v >= 1e4, settings=FIND) == 1e4
+    assert find(magnitudes(dtype=torch.float64, extreme=True), lambda v: v >= 1e4, settings=FIND) == 1e4
+    for dtype, largest in ((torch.float64, 1e300), (torch.float32, 1e30), (torch.float16, 1e3)):
+        assert finite_values(corner_magnitudes(dtype=dtype)) == (1.0, 100.0, largest)

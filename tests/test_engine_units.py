@@ -343,15 +343,17 @@ def test_provenance_tells_by_products_and_views_from_extra_work() -> None:
     assert extra_ops(traced, [dx], [g]) is None  # grad_output passed through: no work at all
 
 
-def test_provenance_follows_writes_into_views_of_a_shared_buffer() -> None:
-    """dk and dv as halves of one buffer, accumulated block by block through slices (a fused
-    attention backward): dv's work is the adds and products written into its half, not code the
-    dispatcher cannot see; dk's half does not depend on them."""
+@pytest.mark.parametrize("packed", [False, True], ids=["halves", "interleaved"])
+def test_provenance_follows_writes_into_views_of_a_shared_buffer(packed: bool) -> None:
+    """dk and dv as views of one buffer -- its halves, or interleaved as flash-attention's packed
+    (n, 2, d) layout, whose byte spans overlap without a common element -- accumulated block by block
+    through slices (a fused attention backward): dv's work is the adds and products written into its
+    elements, not code the dispatcher cannot see; dk's elements do not depend on them."""
     g, k, v = (torch.rand(4, 3, dtype=torch.float64) for _ in range(3))
     traced = BackwardOps(recording=True)
     with traced:
-        dkv = torch.zeros(2, 4, 3, dtype=torch.float64)
-        dk, dv = dkv.unbind(0)
+        dkv = torch.zeros(4, 2, 3, dtype=torch.float64) if packed else torch.zeros(2, 4, 3, dtype=torch.float64)
+        dk, dv = dkv.unbind(1 if packed else 0)
         for block in (slice(0, 2), slice(2, 4)):
             dk[block].add_(g[block] * v[block])
             dv[block].add_(g[block] * k[block])
@@ -359,22 +361,6 @@ def test_provenance_follows_writes_into_views_of_a_shared_buffer() -> None:
     assert work is not None and not work.opaque, work
     assert work.ops == {"aten.add_.Tensor": 2, "aten.mul.Tensor": 2}, work.ops
     assert extra_ops(traced, [dkv], [dv]) is None  # dv is part of the needed buffer
-
-
-
-def test_provenance_tells_interleaved_views_of_one_buffer_apart() -> None:
-    """dk and dv as dkv.unbind(1) of a packed (n, 2, d) buffer (flash-attention's qkvpacked layout):
-    their byte spans overlap, their elements do not."""
-    g, k, v = (torch.rand(4, 3, dtype=torch.float64) for _ in range(3))
-    traced = BackwardOps(recording=True)
-    with traced:
-        dkv = torch.zeros(4, 2, 3, dtype=torch.float64)
-        dk, dv = dkv.unbind(1)
-        for block in (slice(0, 2), slice(2, 4)):
-            dk[block].add_(g[block] * v[block])
-            dv[block].add_(g[block] * k[block])
-    work = extra_ops(traced, [dk], [dv])
-    assert work is not None and work.ops == {"aten.add_.Tensor": 2, "aten.mul.Tensor": 2}, work
 
 
 def test_shares_memory_is_element_exact_for_interleaved_views() -> None:

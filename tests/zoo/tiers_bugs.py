@@ -155,22 +155,10 @@ class SavedSigmoidSoftplus(torch.autograd.Function):
         return grad_out * s
 
 
-register(
-    SavedSigmoidSoftplus,
-    name="silent_wrong_double_backward",
-    inputs=[Tensor("x", "*batch n")],
-    reference=F.softplus,
-    double_backward=False,
-)
-# float32 only (a Triton kernel's dtypes): no gradgradcheck, so the reference's double backward judges it
-register(
-    SavedSigmoidSoftplus,
-    name="silent_wrong_double_backward_float32",
-    inputs=[Tensor("x", "*batch n")],
-    reference=F.softplus,
-    double_backward=False,
-    dtypes=(torch.float32,),
-)
+# The _float32 twin is float32 only (a Triton kernel's dtypes): no gradgradcheck, so the reference's
+# double backward judges it.
+for _suffix, _dtypes in (("", {}), ("_float32", {"dtypes": (torch.float32,)})):
+    register(SavedSigmoidSoftplus, name="silent_wrong_double_backward" + _suffix, inputs=[Tensor("x", "*batch n")], reference=F.softplus, double_backward=False, **_dtypes)
 
 
 class AttentionAllGrads(torch.autograd.Function):

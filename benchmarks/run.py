@@ -88,8 +88,9 @@ BUGS = (
     Bug("tests/zoo/core_bugs.py", "unreduced_bias_grad", "grad_meta"),
     Bug("tests/zoo/gradcheck_bugs.py", "five_percent_off", "gradcheck"),
     Bug("tests/zoo/numeric_bugs.py", "naive_softmax", "stability"),
-    # Found only on multi-block rows with a partial tail: the meta-test uses 20 examples.
-    Bug("tests/zoo/partial_block_bug.py", "tail_dropping_row_sum", "gradcheck", ("--max-examples=20",)),
+    # Found only on multi-block rows with a partial tail: the meta-test uses 20 examples. Its forward
+    # drops the tail: reference's defect (gradcheck meets it as a wrong Jacobian and is blocked by it).
+    Bug("tests/zoo/partial_block_bug.py", "tail_dropping_row_sum", "reference", ("--max-examples=20",)),
     Bug("tests/zoo/real_world_bugs.py", "layer_norm_f32_bug", "stability"),
 )
 QUICK_BUGS = BUGS[:1]

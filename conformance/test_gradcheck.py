@@ -29,7 +29,7 @@ from conformance.engine.finite_differences import (
     unresolvable_outputs,
 )
 from conformance.engine.harness import Execution
-from conformance.engine.numerics import exactly_equal
+from conformance.engine.numerics import blocked_by_wrong_outputs, exactly_equal
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
@@ -87,6 +87,8 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
     error, fast, atol, rtol, nondet_tol = checked.error, checked.fast, checked.atol, checked.rtol, checked.nondet_tol
     if error is not None:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
+        # A wrong forward is a wrong Jacobian too: the reference contract's defect.
+        blocked_by_wrong_outputs(case.with_dtype(torch.float64), execution.outputs, dict(zip(execution.diff_positions, execution.grad_outputs_before)))
         message = str(error)
         if gradcheck_not_reentrant(message):
             fail(

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.contract import Requirement, contract
-from conformance.engine.defects import Blocked, Crash, Defect
+from conformance.engine.defects import Blocked, Crash
 from conformance.engine.evaluate import (
     backward_every_leaf,
     blocked_by_undeclared_writes,
@@ -51,7 +51,7 @@ from conformance.engine.finite_differences import (
     FD_EPS,
     FD_SPACING,
     NONDET_TOL,
-    check_first_derivatives,
+    blocked_by_wrong_first_derivatives,
     jacobian_mismatch,
     unresolvable_outputs,
 )
@@ -194,7 +194,7 @@ def _check_twice_differentiable(
     except GradcheckError as error:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
         blocked_by_unversioned_saves(case)  # a save of x.data: second derivatives through a detached tensor
-        _blocked_by_wrong_first_derivatives(target, case, call, wrt)
+        blocked_by_wrong_first_derivatives(case, call, wrt)
         message = str(error).strip()
     except RuntimeError as error:
         if raised_by_once_differentiable(error):
@@ -236,28 +236,6 @@ def _check_twice_differentiable(
         *((cause,) if cause else ()),
         *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck"),
     )
-
-
-def _blocked_by_wrong_first_derivatives(target: Target, case: Case, call: Any, wrt: Sequence[torch.Tensor]) -> None:
-    """One defect, one failure: where backward is already wrong on this case by the gradcheck
-    contract's own rules (:func:`check_first_derivatives`), finite differences of it judge nothing
-    new, and the defect is gradcheck's. Not for a surrogate spec, whose backward is not forward's
-    derivative; nothing is blocked where that check cannot run here."""
-    if target.spec.surrogate is not None or any(t.dtype != torch.float64 for t in wrt):
-        return
-    inputs = tuple(t.detach().clone().requires_grad_() for t in wrt)
-    try:
-        with fixed_rng(zlib.crc32(repr((case.grad_seed, "first derivatives")).encode()), case.device):
-            checked = check_first_derivatives(
-                call, inputs, call(*inputs), fast=target.spec.fast_gradcheck, nondeterministic=target.spec.nondeterministic,
-                brief=True,
-            )
-    except Exception:  # torch's check itself raised (an undefined grad_output backward cannot take): not gradcheck's verdict
-        return
-    if checked.error is not None:
-        first = next((line.strip() for line in str(checked.error).splitlines() if line.strip()), "")
-        where = f"torch.autograd.gradcheck, float64, {'fast' if checked.fast else 'slow'} mode, atol={checked.atol}, rtol={checked.rtol}"
-        raise Blocked(Defect("gradcheck", "first derivatives are already wrong on this case", (f"{first} [{where}]",)), case)
 
 
 def _first_derivatives(call: Any, count: int) -> Any:

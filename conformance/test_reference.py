@@ -13,6 +13,10 @@ checked in every dtype the spec lists, with the same input values and grad_outpu
 and its measurements are in :mod:`conformance.engine.numerics`. Specs declared ``nondeterministic`` are
 compared in float64 only, with the implementation and the reference run under one seeded RNG
 state (so the reference must draw its randomness the same way, e.g. ``torch.rand_like``).
+One defect, one failure: a gradient that differs from the reference's while the outputs agree,
+and that finite differences of the same case in float64 also reject, is gradcheck's defect (this
+test is blocked by it); a gradient wrong only below float64, or in a spec without float64, is
+this contract's.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
-from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
+from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel, function_of_tensors
+from conformance.engine.finite_differences import blocked_by_wrong_first_derivatives
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     cheap_budget_first,
@@ -75,16 +80,19 @@ def _check_values(target: Target, case: Case, dtype: torch.dtype, impl: Executio
             for moved_args, moved_grads in neighbouring_cases(case, pristine, grad_outputs, None, dtype_name):
                 moved_truth, moved_baseline = _truth_and_baseline(spec, case, moved_args, names, moved_grads)
                 resamples.append((moved_baseline, moved_truth))
-        return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype)
+        return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype, final=full_budget)
 
     return cheap_budget_first(judge)
 
 
 def _judge_dtype(
-    target: Target, impl: Execution, truth: Evaluated, baseline: Evaluated, resamples: list[tuple[Evaluated, Evaluated]], dtype: torch.dtype
+    target: Target, impl: Execution, truth: Evaluated, baseline: Evaluated, resamples: list[tuple[Evaluated, Evaluated]], dtype: torch.dtype,
+    *, final: bool,
 ) -> bool:
     """Fail unless every output and gradient of ``impl`` is within the policy's budget around
-    the truth (term bounds and ``resamples`` widen it); False when there was nothing to compare."""
+    the truth (term bounds and ``resamples`` widen it); False when there was nothing to compare.
+    ``final``: the judgement whose failure stands (the full budget's), where a wrong gradient
+    that is gradcheck's defect blocks this contract instead (:func:`_blocked_by_gradcheck`)."""
     spec = target.spec
     fn_name = spec.display_name
     dtype_name = str(dtype).removeprefix("torch.")
@@ -164,8 +172,24 @@ def _judge_dtype(
                 what=what, where=where, steps=floor_ulps(spec, dtype),
             )
         if comparison is not None:
+            if which == "grad" and final:
+                _blocked_by_gradcheck(target, impl.case, comparison.summary)
             fail(comparison.summary, comparison.details)
     return bool(pairs) or bool(plain)
+
+
+def _blocked_by_gradcheck(target: Target, case: Case, found: str) -> None:
+    """One defect, one failure: a gradient that differs from the reference's while every output
+    agrees is gradcheck's defect where gradcheck runs (float64 kept) and finite differences of
+    this case in float64 disagree with it too; this contract is then blocked by gradcheck. A
+    gradient wrong only in a lower precision, or in a spec without float64, is this contract's."""
+    if torch.float64 not in target.dtypes():
+        return
+    exact = case.with_dtype(torch.float64)
+    args = exact.args()
+    wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    call = function_of_tensors(exact, args, wrt_positions)
+    blocked_by_wrong_first_derivatives(exact, call, [args[i] for i in wrt_positions], found=found)
 
 
 REFERENCE_BLAME = (

@@ -36,8 +36,8 @@ TWINS: dict[str, tuple[str, str]] = {
     "sort_values_unpermuted_jvp": ("forward_ad", "jvp"),
     "vmap_wrong_forward": ("reference", "output[0] != reference"),
     "linear_mixed_backward": ("autocast", "backward raised RuntimeError after a forward under autocast"),
-    "permute_columns_uninverted": ("reference", "grad['x'] != reference"),
-    "sparsemax_mean_over_row": ("reference", "grad['z']"),
+    "permute_columns_uninverted": ("gradcheck", "analytical grad['x'] != numerical"),
+    "sparsemax_mean_over_row": ("gradcheck", "analytical grad['z'] != numerical"),
     "gelu_tanh_under_autocast_halved": ("autocast", "max|output[0] - reference|"),
 }
 
@@ -83,7 +83,6 @@ def test_each_twin_fails_its_owner_alone(bugs, name: str) -> None:  # type: igno
     assert says in bugs.failed(owner, name)
     outcomes = _recorded(bugs, name)
     failed = sorted(c for c, o in outcomes.items() if o is Outcome.FAILED)
-    # a wrong forward is also a wrong Jacobian for gradcheck's finite differences (not run here)
     assert failed == [owner], (name, outcomes)
 
 
@@ -91,9 +90,20 @@ def test_a_forward_bug_blocks_func_instead_of_blaming_the_vmap_rule(bugs) -> Non
     recorded = bugs.verdict("func", "vmap_wrong_forward").recorded
     assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", recorded
     assert "each sample alone" in recorded.reason
-    # autocast judges an undecorated Function's values too, and finds the forward bug in float32 first
-    recorded = bugs.verdict("autocast", "vmap_wrong_forward").recorded
-    assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", recorded
+    # autocast judges an undecorated Function's values too, and finds the forward bug in float32 first;
+    # a wrong forward is a wrong Jacobian for gradcheck's finite differences too
+    for contract in ("autocast", "gradcheck"):
+        recorded = bugs.verdict(contract, "vmap_wrong_forward").recorded
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "reference", (contract, recorded)
+
+
+def test_a_wrong_backward_is_gradchecks_and_blocks_reference(bugs) -> None:  # type: ignore[no-untyped-def]
+    """One defect, one failure: reference meets the same wrong gradient (and finite differences of
+    its case reject it too)."""
+    for name in ("permute_columns_uninverted", "sparsemax_mean_over_row"):
+        recorded = bugs.verdict("reference", name).recorded
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "gradcheck", (name, recorded)
+        assert "!= reference" in recorded.reason and "finite differences in float64 reject it too" in recorded.reason, recorded
 
 
 def test_a_numpy_output_function_compiles_and_its_compile_only_twin_fails(conformance_run) -> None:  # type: ignore[no-untyped-def]

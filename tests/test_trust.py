@@ -121,7 +121,7 @@ def test_mutating_grad_output_does_not_poison_the_numerical_contracts(bugs) -> N
     "name, contracts",
     [
         ("layer_norm_f32_bug", ("stability",)),
-        ("blockwise_attention_f32_bug", ("reference", "gradcheck")),
+        ("blockwise_attention_f32_bug", ("gradcheck",)),  # reference: blocked by gradcheck
     ],
 )
 def test_numerical_twins_are_still_caught(bugs, name: str, contracts: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.engine.verdict import Outcome, owner_missed
+from conformance.engine.verdict import Outcome, Unreported, owner_missed, unreported_defects
 from conformance.plugin.outcomes import Cell, OutcomeMatrix
 from tests.conftest import CONFORMANCE_DIR, ZOO
 
@@ -60,6 +60,30 @@ def test_the_first_test_blocked_by_a_passing_owner_fails_and_the_others_are_bloc
     still = matrix.cell("tanh", "cpu", "grad_meta")
     assert still is not None and still.outcome == "blocked" and still.owner == "return_count"
     assert matrix.totals()["failed"] == 2 and "FAILED" in matrix.totals_line()
+
+
+def test_a_chain_of_blocks_whose_owner_did_not_run_has_one_reporter_the_nearest_to_the_owner() -> None:
+    """check(contracts=["reference", "autocast"]) on a wrong backward: reference is blocked by
+    gradcheck (not run), autocast by reference. One defect: reference reports it, autocast stays
+    blocked by reference (both failed before: one report per blocked test)."""
+    row = {"autocast": (BLOCKED, "reference"), "reference": (BLOCKED, "gradcheck"), "stability": (BLOCKED, "reference")}
+    why = "gradcheck did not run"
+    assert unreported_defects(row) == {
+        "autocast": Unreported("reference", why), "reference": Unreported("reference", why), "stability": Unreported("reference", why),
+    }
+    # An owner that failed reports its chain; two defects of a row each get their own reporter.
+    assert unreported_defects({"autocast": (BLOCKED, "reference"), "reference": (BLOCKED, "gradcheck"), "gradcheck": (FAILED, "")}) == {}
+    two = unreported_defects({"layouts": (BLOCKED, "return_count"), "return_count": (PASSED, ""), "compile": (BLOCKED, "opcheck")})
+    assert {c: u.reporter for c, u in two.items()} == {"layouts": "layouts", "compile": "compile"}
+
+    matrix = OutcomeMatrix()
+    matrix.record("scale", "cpu", "autocast", _blocked("reference", "ScaleForgotten is wrong without autocast too"))
+    matrix.record("scale", "cpu", "reference", _blocked("gradcheck", "first derivatives are already wrong on this case"))
+    assert matrix.report_unowned_defects() == [("scale", "cpu", "reference")]
+    autocast = matrix.cell("scale", "cpu", "autocast")
+    assert autocast is not None and autocast.outcome == "blocked" and autocast.owner == "reference", autocast
+    reference = matrix.cell("scale", "cpu", "reference")
+    assert reference is not None and reference.outcome == "failed" and "gradcheck did not run" in reference.reason, reference
 
 
 def test_a_run_whose_only_report_of_a_defect_is_a_block_fails(pytester: pytest.Pytester) -> None:

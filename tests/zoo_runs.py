@@ -42,7 +42,7 @@ ZOO_RUNS = {
     # issue 28: every contract on the correct code; the twins' owners (and the ones they block)
     "everyones_code_bugs": ZooRun(
         # compile runs as many examples as the run asks (10 here): its twin has its own one-example run
-        "everyones_code_bugs.py", ("stability", "inplace", "layouts", "forward_ad", "func", "reference", "autocast"),
+        "everyones_code_bugs.py", ("stability", "inplace", "layouts", "forward_ad", "func", "reference", "gradcheck", "autocast"),
         10,  # the float16 overflow that stability must meet is drawn at 10 examples on seed 0, not 5
     ),
     "everyones_code_correct": ZooRun("everyones_code_correct.py"),

@@ -37,7 +37,7 @@ from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import ContractFailure
 from conformance.engine.runner import RunOptions, Target
-from conformance.engine.verdict import Outcome, Verdict, owner_missed
+from conformance.engine.verdict import Outcome, Verdict, unreported_defects
 from conformance.engine.watchdog import FlightRecorder
 from conformance.plugin.devices import choose_triton_interpreter, cuda_usable, no_cuda_reason, worker_gpu
 from conformance.plugin.options import parse_options
@@ -90,13 +90,14 @@ class CheckResult:
         return tuple(r for r in self.results if r.failed or self.unreported(r) is not None)
 
     def unreported(self, result: ContractResult) -> str | None:
-        """For a blocked test whose owner did not fail in this call, why
-        (:func:`~conformance.engine.verdict.owner_missed`); else None."""
+        """For a blocked test that reports a defect whose owner did not fail in this call, why
+        (one test per such defect, :func:`~conformance.engine.verdict.unreported_defects`); else None."""
         if result.verdict.outcome is not Outcome.BLOCKED:
             return None
         row = {r.contract: (r.verdict.outcome, r.verdict.owner) for r in self.results
                if (r.function, r.device) == (result.function, result.device)}
-        return owner_missed(result.verdict.owner, row)
+        found = unreported_defects(row).get(result.contract)
+        return found.why if found is not None and found.reporter == result.contract else None
 
     @property
     def checked(self) -> int:

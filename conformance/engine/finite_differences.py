@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +13,11 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import gradients
+from conformance.engine.harness import fixed_rng
 from conformance.engine.torch_text import gradcheck_not_reentrant, without_slow_mode_jacobians
+from strategies.cases import Case
 
 __all__ = [
     "FAST_ATOL",
@@ -205,6 +209,38 @@ def check_first_derivatives(
         if any(_gradcheck_error(call, wrt, atol, rtol, fast, nondet_tol, brief=True, eps=step) is None for step in steps):
             error = None
     return FirstDerivatives(fast, atol, rtol, nondet_tol, error)
+
+
+def blocked_by_wrong_first_derivatives(
+    case: Case, call: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], *, found: str = ""
+) -> None:
+    """One defect, one failure: raise ``Blocked`` by gradcheck where backward is wrong on ``case``
+    by the gradcheck contract's own rules (:func:`check_first_derivatives`, float64): a contract
+    that finds the same wrong gradient another way (finite differences of it, a reference's
+    gradient) finds gradcheck's defect. Not for a surrogate spec, whose backward is not forward's
+    derivative; nothing is blocked where that check cannot run here (``wrt`` not float64, outputs
+    finite differences cannot resolve (:func:`unresolvable_outputs`), torch's check itself raising). A gradcheck test that misses it on its own examples passes, and the
+    session then turns the blocked test into the defect's failure (``report_unowned_defects``).
+    ``found``: what the caller found, named in the blocked line."""
+    spec = case.spec
+    if spec.surrogate is not None or not wrt or any(t.dtype != torch.float64 for t in wrt):
+        return
+    inputs = tuple(t.detach().clone().requires_grad_() for t in wrt)
+    try:
+        with fixed_rng(zlib.crc32(repr((case.grad_seed, "first derivatives")).encode()), case.device):
+            outputs = call(*inputs)
+            if unresolvable_outputs(outputs) is not None:
+                return
+            checked = check_first_derivatives(
+                call, inputs, outputs, fast=spec.fast_gradcheck, nondeterministic=spec.nondeterministic, brief=True
+            )
+    except Exception:  # torch's check itself raised (an undefined grad_output backward cannot take): not gradcheck's verdict
+        return
+    if checked.error is not None:
+        first = next((line.strip() for line in str(checked.error).splitlines() if line.strip()), "")
+        where = f"torch.autograd.gradcheck, float64, {'fast' if checked.fast else 'slow'} mode, atol={checked.atol}, rtol={checked.rtol}"
+        summary = f"{found}; finite differences in float64 reject it too" if found else "first derivatives are already wrong on this case"
+        raise Blocked(Defect("gradcheck", summary, (f"{first} [{where}]",)), case)
 
 
 def _gradcheck_error(

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, fresh
 from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
@@ -196,6 +197,22 @@ def evaluate_spec(
     return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
 
 
+def blocked_by_wrong_outputs(case: Case, outputs: Sequence[Any], grad_outputs: Mapping[int, torch.Tensor]) -> None:
+    """One defect, one failure: raise ``Blocked`` by reference where ``outputs`` (forward's, on
+    ``case`` in its dtype) are outside the reference contract's rule: a wrong forward is also a
+    wrong Jacobian for finite differences, and a contract that meets it that way (gradcheck) finds
+    the reference contract's defect. Nothing is blocked where the reference itself raises."""
+    spec = case.spec
+    args = case.args()
+    names = [recipe.name for recipe in case.recipes]
+    try:
+        truth, baseline = reference_truth_and_baseline(spec, case, args, names, grad_outputs)
+    except Exception:  # the reference's own error is the reference contract's to report
+        return
+    where = f"{spec.display_name}.forward, {str(case.dtype).removeprefix('torch.')}"
+    found = judge_against_truth(spec, case.dtype, judged_outputs(outputs, truth, baseline, where))
+    if found is not None:
+        raise Blocked(Defect("reference", f"{found.summary}: forward is already wrong on this case", (found.details,)), case)
 
 
 def truth_and_baseline(spec: Spec, case: Case, run: Callable[[Callable[[Any], Any], bool], T]) -> tuple[T, T]:

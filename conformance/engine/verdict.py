@@ -19,7 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SKIP_OUTCOMES", "TIERS", "VERDICT_PROPERTY", "Outcome", "Verdict", "owner_missed", "tier_of"]
+__all__ = [
+    "SKIP_OUTCOMES", "TIERS", "VERDICT_PROPERTY", "Outcome", "Unreported", "Verdict", "owner_missed", "tier_of",
+    "unreported_defects",
+]
 
 # The key of the serialised verdict in ``item.user_properties``.
 VERDICT_PROPERTY = "conformance_verdict"
@@ -88,6 +91,38 @@ def owner_missed(owner: str, row: Mapping[str, tuple[Outcome, str]]) -> str | No
             return None
         return f"{owner} {outcome.value.replace('_', ' ')} on its own examples"
     return f"{owner} is blocked in a circle"
+
+
+@dataclass(frozen=True)
+class Unreported:
+    """A blocked test whose defect no owner reports (:func:`owner_missed`): ``reporter`` is the one
+    test of its row that reports it instead, ``why`` why its own owner does not."""
+
+    reporter: str
+    why: str
+
+
+def unreported_defects(row: Mapping[str, tuple[Outcome, str]]) -> dict[str, Unreported]:
+    """For each blocked contract of ``row`` (as for :func:`owner_missed`) whose defect no owner
+    reports, who reports it. One defect, one failure: the blocked tests whose chains of blocks end
+    at the same owner share one reporter, the one nearest that owner (reference blocked by
+    gradcheck before autocast blocked by reference), first by name; the others stay blocked by it."""
+    chains: dict[str, list[tuple[int, str, str]]] = {}  # chain's end -> (steps to it, contract, why)
+    for contract, (outcome, owner) in sorted(row.items()):
+        if outcome is not Outcome.BLOCKED or not owner:
+            continue
+        why = owner_missed(owner, row)
+        if why is None:
+            continue
+        end, steps = owner, 0
+        while (entry := row.get(end)) is not None and entry[0] is Outcome.BLOCKED and entry[1] and steps < len(row):
+            end, steps = entry[1], steps + 1
+        chains.setdefault(end, []).append((steps, contract, why))
+    found = {}
+    for members in chains.values():
+        reporter = min(members)[1]
+        found.update({contract: Unreported(reporter, why) for _, contract, why in members})
+    return found
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from conformance.engine.author_code import Executed, Gap, Region, gaps_of
-from conformance.engine.verdict import TIERS, Outcome, owner_missed, tier_of
+from conformance.engine.verdict import TIERS, Outcome, tier_of, unreported_defects
 
 __all__ = [
     "FAILURE_OUTCOMES",
@@ -226,26 +226,23 @@ class OutcomeMatrix:
         row[contract] = cell
 
     def report_unowned_defects(self) -> list[tuple[str, str, str]]:
-        """Turn each blocked cell whose owner did not fail in its row (:func:`owner_missed`) into
-        the failure that reports its defect; other cells of the row blocked by the same owner are
-        blocked by that failure instead (one defect, one failure). Returns the failures made, as
+        """Turn each blocked cell whose owner did not fail in its row into the failure that reports
+        its defect (:func:`~conformance.engine.verdict.unreported_defects`: one per defect, where
+        chains of blocks end at the same owner); the other cells blocked by that defect are blocked
+        by that failure instead (one defect, one failure). Returns the failures made, as
         (function, device, contract). Call once, when every cell is in."""
         made = []
         for (function, device), row in self._rows.items():
-            outcomes = {contract: (Outcome(cell.outcome), cell.owner) for contract, cell in row.items()}
-            reporter: dict[str, str] = {}  # a missing owner -> the contract now failing in its place
+            unreported = unreported_defects({contract: (Outcome(cell.outcome), cell.owner) for contract, cell in row.items()})
             for contract, cell in sorted(row.items()):
-                if cell.outcome != "blocked" or not cell.owner:
+                if contract not in unreported:
                     continue
-                why = owner_missed(cell.owner, outcomes)
-                if why is None:
+                reporter, why = unreported[contract].reporter, unreported[contract].why
+                if reporter != contract:
+                    if cell.owner != reporter:
+                        reason = cell.reason.replace(f"blocked by {cell.owner}: ", f"blocked by {reporter}: ", 1)
+                        row[contract] = replace(cell, owner=reporter, reason=reason)
                     continue
-                if cell.owner in reporter:
-                    now = reporter[cell.owner]
-                    reason = cell.reason.replace(f"blocked by {cell.owner}: ", f"blocked by {now}: ", 1)
-                    row[contract] = replace(cell, owner=now, reason=reason)
-                    continue
-                reporter[cell.owner] = contract
                 defect = _blocking_defect(cell)
                 reason = f"{defect} [found by {contract}, blocked by {cell.owner}, but {why}: {contract} reports it]"
                 row[contract] = Cell(

@@ -413,6 +413,7 @@ AUTOCAST_SPACING = 4 * torch.finfo(torch.bfloat16).eps
 # At most four examples per test (a cap on the profile's and --max-examples): it runs on every
 # Function, and each example evaluates the reference two or three times (measured: the main
 # job's autocast tests took ~100 s of its 300 s at the ci profile's 10).
-@contract("autocast", max_examples=4, case=CaseOptions(dtypes=(torch.float32,), spacing=AUTOCAST_SPACING), requires=[Requirement("a Function with float32 inputs", _runs_under_autocast)])
+@contract("autocast", max_examples=4, case=CaseOptions(dtypes=(torch.float32,), spacing=AUTOCAST_SPACING), requires=[Requirement("a Function with float32 inputs", _runs_under_autocast)],
+          compares_values=True)
 def test_autocast(conformance_target: Target) -> None:
     conformance_target.run(check_autocast)

@@ -488,7 +488,7 @@ def _traceable_here(target: Target) -> None:
         target.not_applicable("declared nondeterministic: compiled random streams need not match eager's")
 
 
-@contract("compile", max_examples=1, requires=[Requirement("traceable here, deterministic", _traceable_here)])
+@contract("compile", max_examples=1, requires=[Requirement("traceable here, deterministic", _traceable_here)], compares_values=True)
 def test_compile(conformance_target: Target) -> None:
     conformance_target.run(check_compile)
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import execute
-from conformance.engine.numerics import exactly_equal
+from conformance.engine.numerics import same_bits
 from conformance.engine.report import describe_value, fail
 from conformance.engine.runner import Target
 
@@ -61,11 +61,10 @@ def _compare(a: Any, b: Any, what: str, where: str, exact: bool) -> None:
     for attribute in ("shape", "dtype", "device"):
         if getattr(a, attribute) != getattr(b, attribute):
             fail(f"{what}.{attribute}={getattr(b, attribute)} on the second call, but {getattr(a, attribute)} on the first [{where}]")
-    if not exact or exactly_equal(b, a):
+    if not exact or same_bits(b, a):
         return
     try:
-        # rtol=atol=0: bitwise equality, except that NaN equals NaN and -0.0 equals 0.0.
-        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)  # for its report of the elements
     except AssertionError as error:
         fail(
             f"{what} differs between two calls with identical inputs [{where}]",

@@ -158,6 +158,6 @@ def _not_custom_op(target: Target) -> None:
 
 
 # Elements spaced for the float64 gradcheck (as the gradcheck contract draws them).
-@contract("forward_ad", case=CaseOptions(spacing=FD_SPACING), requires=[Requirement("a Function", _not_custom_op)])
+@contract("forward_ad", case=CaseOptions(spacing=FD_SPACING), requires=[Requirement("a Function", _not_custom_op)], compares_values=True)
 def test_forward_ad(conformance_target: Target) -> None:
     conformance_target.run(check_forward_ad)

@@ -197,6 +197,6 @@ def check_func(target: Target, data: st.DataObject) -> None:
         _check_vjp(target, case)
 
 
-@contract("func")
+@contract("func", compares_values=True)
 def test_func(conformance_target: Target) -> None:
     conformance_target.run(check_func)

@@ -17,6 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract, float64
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import (
     blocked_by_undeclared_writes,
     function_of_tensors,
@@ -87,22 +88,25 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
     error, fast, atol, rtol, nondet_tol = checked.error, checked.fast, checked.atol, checked.rtol, checked.nondet_tol
     if error is not None:
         blocked_by_undeclared_writes(case)  # finite differences of a Function that writes into its input
+        # Finite differences of a Function that differs from itself judge nothing: determinism's defect.
+        target.blocked_by_undeclared_randomness(case)
         # A wrong forward is a wrong Jacobian too: the reference contract's defect.
         blocked_by_wrong_outputs(case.with_dtype(torch.float64), execution.outputs, dict(zip(execution.diff_positions, execution.grad_outputs_before)))
         message = str(error)
+        reentrancy = (
+            "backward is not reentrant: two backward calls on the same graph gave different gradients "
+            f"[torch.autograd.gradcheck, float64, nondet_tol={nondet_tol}]"
+        )
+        if gradcheck_not_reentrant(message) and not target.spec.nondeterministic:
+            # A second backward through one graph that differs: inplace's check (retain_graph=True).
+            raise Blocked(Defect("inplace", reentrancy, (message.strip(),)), case)
         if gradcheck_not_reentrant(message):
             fail(
-                "backward is not reentrant: two backward calls on the same graph gave different gradients "
-                f"[torch.autograd.gradcheck, float64, nondet_tol={nondet_tol}]",
+                reentrancy,
                 message.strip(),
-                (
-                    "The spec declares nondeterministic=True, so forward's random numbers are replayed: backward "
-                    "draws its own (an RNG used in backward without the forward's state), or depends on state "
-                    "it changes (a saved buffer updated in place)."
-                ) if target.spec.nondeterministic else (
-                    "Declare nondeterministic=True if the op is random by design; otherwise backward depends on "
-                    "state it changes (a saved buffer updated in place, an RNG drawn in backward)."
-                ),
+                "The spec declares nondeterministic=True, so forward's random numbers are replayed: backward "
+                "draws its own (an RNG used in backward without the forward's state), or depends on state "
+                "it changes (a saved buffer updated in place).",
             )
         # The reported example names the worst Jacobian entry instead of printing both Jacobians.
         located = jacobian_mismatch(call, wrt_tensors, atol=atol, rtol=rtol, pair=jacobian_pair(message)) if target.reporting() else None
@@ -144,6 +148,9 @@ def check_surrogate(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
-@contract("gradcheck", case=GRADCHECK_CASES, requires=[float64("gradcheck needs float64; the reference contract covers the others")])
+@contract(
+    "gradcheck", case=GRADCHECK_CASES, requires=[float64("gradcheck needs float64; the reference contract covers the others")],
+    compares_values=True,
+)
 def test_gradcheck(conformance_target: Target) -> None:
     conformance_target.run(check_gradcheck)

@@ -292,6 +292,6 @@ def _compare(
         )
 
 
-@contract("layouts", case=CaseOptions(layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True))
+@contract("layouts", case=CaseOptions(layouts=LAYOUTS_DRAWN, grad_output_kinds=GRAD_OUTPUT_KINDS, constant_rows=True), compares_values=True)
 def test_layouts(conformance_target: Target) -> None:
     conformance_target.run(check_layouts)

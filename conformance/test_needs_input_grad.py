@@ -31,6 +31,6 @@ def check_needs_input_grad(target: Target, data: st.DataObject) -> None:
     run_subsets(target, data, efficiency=False)
 
 
-@contract('needs_input_grad', case=CaseOptions(requires_grad="subsets"))
+@contract('needs_input_grad', case=CaseOptions(requires_grad="subsets"), compares_values=True)
 def test_needs_input_grad(conformance_target: Target) -> None:
     conformance_target.run(check_needs_input_grad)

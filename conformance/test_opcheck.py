@@ -61,6 +61,6 @@ def _custom_op(target: Target) -> None:
         )
 
 
-@contract("opcheck", requires=[Requirement("a torch.library custom op", _custom_op)])
+@contract("opcheck", requires=[Requirement("a torch.library custom op", _custom_op)], compares_values=True)
 def test_opcheck(conformance_target: Target) -> None:
     conformance_target.run(check_opcheck)

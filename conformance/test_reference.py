@@ -183,6 +183,7 @@ def _blocked_by_gradcheck(target: Target, case: Case, found: str) -> None:
     agrees is gradcheck's defect where gradcheck runs (float64 kept) and finite differences of
     this case in float64 disagree with it too; this contract is then blocked by gradcheck. A
     gradient wrong only in a lower precision, or in a spec without float64, is this contract's."""
+    target.blocked_by_undeclared_randomness(case)  # a gradient that differs from itself: determinism's
     if torch.float64 not in target.dtypes():
         return
     exact = case.with_dtype(torch.float64)
@@ -260,6 +261,7 @@ def _comparable_randomness(target: Target) -> None:
     "reference",
     case=CaseOptions(mask_kinds=MASK_KINDS, broadcast=True, value_patterns=("ascending", "random")),
     requires=[SOME_DTYPE, Requirement("one seeded RNG stream", _comparable_randomness)],
+    compares_values=True,
 )
 def test_reference(conformance_target: Target) -> None:
     conformance_target.run(check_reference)

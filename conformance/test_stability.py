@@ -289,6 +289,6 @@ def check_stability(target: Target, data: st.DataObject) -> None:
     target.per_dtype(target.dtypes(), check_dtype)
 
 
-@contract("stability", case=EXTREME_CASES, requires=[SOME_DTYPE])
+@contract("stability", case=EXTREME_CASES, requires=[SOME_DTYPE], compares_values=True)
 def test_stability(conformance_target: Target) -> None:
     conformance_target.run(check_stability)

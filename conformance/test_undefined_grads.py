@@ -112,6 +112,6 @@ def check_undefined_grads(target: Target, data: st.DataObject) -> None:
     target.checked()
 
 
-@contract("undefined_grads")
+@contract("undefined_grads", compares_values=True)
 def test_undefined_grads(conformance_target: Target) -> None:
     conformance_target.run(check_undefined_grads)

@@ -25,6 +25,6 @@ def check_unneeded_grads(target: Target, data: st.DataObject) -> None:
     run_subsets(target, data, efficiency=True)
 
 
-@contract("unneeded_grads")
+@contract("unneeded_grads", compares_values=True)
 def test_unneeded_grads(conformance_target: Target) -> None:
     conformance_target.run(check_unneeded_grads)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conformance.engine.verdict import Outcome
 from tests.conftest import ZOO
 from tests.zoo_runs import CORE, DERIVATIVE_BEHAVIOUR
 
@@ -121,6 +122,28 @@ def test_undeclared_noise_fails_determinism(bugs) -> None:  # type: ignore[no-un
 def test_noisy_backward_fails_determinism(bugs) -> None:  # type: ignore[no-untyped-def]
     text = bugs.failed("determinism", "noisy_backward")
     assert "grad['x'] differs between two calls with identical inputs" in text
+
+
+@pytest.mark.parametrize("name", ["undeclared_noise", "noisy_backward"])
+def test_undeclared_noise_fails_determinism_alone_and_blocks_what_compares_values(bugs, name: str) -> None:  # type: ignore[no-untyped-def]
+    """One defect, one failure: gradcheck (finite differences, or two backward calls on one graph),
+    layouts and gradgradcheck meet the noise as values that differ from what they are compared with."""
+    row = {c: v.recorded for (c, fn, _), v in bugs.verdicts.items() if fn == name}
+    assert [c for c, r in row.items() if r.outcome is Outcome.FAILED] == ["determinism"], row
+    blocked = {c for c, r in row.items() if r.outcome is Outcome.BLOCKED}
+    assert "gradcheck" in blocked, row  # failed before: not reentrant, or analytical != numerical
+    for contract in blocked:
+        assert row[contract].owner == "determinism", (contract, row[contract])
+        assert "differs between two calls with identical inputs" in row[contract].reason, row[contract]
+
+
+def test_a_backward_that_changes_its_state_is_inplaces_and_blocks_gradchecks_reentrancy(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    run = conformance_run(ZOO / "gradcheck_bugs.py", "-k", "counting_scale", contracts=("gradcheck", "inplace", "determinism"))
+    assert "on the second backward != first backward" in run.failed("inplace", "counting_scale")
+    run.passed("determinism", "counting_scale")  # the same from fresh calls: no randomness
+    blocked = run.verdict("gradcheck", "counting_scale").recorded
+    assert blocked.outcome is Outcome.BLOCKED and blocked.owner == "inplace", blocked
+    assert "backward is not reentrant" in blocked.reason, blocked
 
 
 def test_correct_functions_in_bug_zoo_pass_determinism(bugs) -> None:  # type: ignore[no-untyped-def]

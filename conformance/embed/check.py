@@ -410,7 +410,8 @@ def _run_one(info: ContractInfo, spec: Spec, device: str, options: RunOptions, *
     properties: list[tuple[str, object]] = []
     target = Target(
         spec=spec, device=device, contract=info.name, options=options,
-        case_options=info.case, contract_examples=info.max_examples, nodeid=f"check::{info.name}[{spec.name}-{device}]",
+        case_options=info.case, contract_examples=info.max_examples, compares_values=info.compares_values,
+        nodeid=f"check::{info.name}[{spec.name}-{device}]",
         user_properties=properties, rerun=rerun, repro_dir=repro_dir, run_dir=Path.cwd(), flight=flight, pool=pool,
         literals=literals,
     )

@@ -60,10 +60,12 @@ class ContractInfo:
     requires: tuple[Requirement, ...] = ()
     module: str = ""
     max_examples: int | None = None  # the contract's own example count: caps the profile's and --max-examples
+    compares_values: bool = False  # its failures may be undeclared randomness (see contract())
 
 
 def contract(
-    name: str, *, case: CaseOptions | None = None, requires: Sequence[Requirement] = (), max_examples: int | None = None
+    name: str, *, case: CaseOptions | None = None, requires: Sequence[Requirement] = (), max_examples: int | None = None,
+    compares_values: bool = False,
 ) -> Callable[[F], F]:
     """Declare the decorated ``test_<name>`` function as contract ``name``.
 
@@ -71,6 +73,9 @@ def contract(
     requires: :class:`Requirement` s checked, in order, before the first example.
     max_examples: the most examples per test for a contract each example of which is costly
     (compile), whatever the profile or ``--max-examples`` asks; a smaller count still lowers it.
+    compares_values: its failures compare the values of two evaluations, or of one with a truth: on
+    a Function that gives other values for the same inputs twice, undeclared, such a failure is
+    the determinism contract's defect, and the test is blocked by it (the runner asks on failure).
     The name must match the function (``test_<name>``) and its module (``test_<name>.py``): one
     module per contract, so ``--contracts=<name>`` and the file a reader opens agree."""
     if not isinstance(name, str) or not name.isidentifier():
@@ -91,7 +96,7 @@ def contract(
             raise ValueError(f"contract {name!r} lives in {test.__module__}; put it in conformance/test_{name}.py")
         info = ContractInfo(
             name=name, case=case if case is not None else CaseOptions(), requires=tuple(requires),
-            module=test.__module__, max_examples=max_examples,
+            module=test.__module__, max_examples=max_examples, compares_values=compares_values,
         )
         setattr(test, CONTRACT_ATTRIBUTE, info)
         return test

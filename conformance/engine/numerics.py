@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 import torch
 
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, fresh
+from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, execute, fresh
 from conformance.engine.global_state import set_backend_flags
 from conformance.engine.harness import random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
@@ -290,6 +290,39 @@ class Comparison:
 
     summary: str
     details: str
+
+
+def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """The determinism contract's equality: bitwise, except that NaN equals NaN and -0.0 equals 0.0."""
+    if exactly_equal(actual, expected):
+        return True
+    try:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
+
+
+def undeclared_randomness(case: Case) -> Defect | None:
+    """The determinism contract's defect on ``case``, or None: two calls with identical inputs, one
+    after the other (torch's global RNG left alone), whose outputs or gradients differ, of a Function
+    not declared ``nondeterministic``. One defect, one failure: a contract whose comparison of values
+    fails on such a Function meets that defect, not one of its own (the runner asks, on failure)."""
+    if case.spec.nondeterministic:
+        return None
+    try:
+        first, second = execute(case), execute(case)
+    except Exception:  # a call that raises is judged by whoever owns the crash
+        return None
+    pairs = [(f"outputs[{i}]", a, b) for i, (a, b) in enumerate(zip(first.outputs, second.outputs))]
+    pairs += [(f"grad[{name!r}]", first.grads.get(name), second.grads.get(name)) for name in first.grads]
+    for what, a, b in pairs:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and not same_bits(b, a):
+            return Defect(
+                "determinism", f"{what} differs between two calls with identical inputs [{case.spec.display_name}]",
+                ("Declare nondeterministic=True if the Function is random by design (dropout, noise, sampling).",),
+            )
+    return None
 
 
 def exactly_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import torch
 from _pytest.outcomes import OutcomeException
 
+from conformance.engine.contract import contract_of
 from conformance.engine.defects import Blocked
 from conformance.engine.loader import ImplError, load_impls
 from conformance.engine.report import ContractFailure
@@ -82,7 +83,11 @@ def _replay(spec: Spec, contract: str, *, device: str, draws: Sequence[tuple[str
     test: Callable[[Target], None] = getattr(module, f"test_{contract}")
     if device == "cuda" and not torch.cuda.is_available():
         return EXIT_NOT_CHECKED, "not checked: the example runs on CUDA, which is not available here"
-    target = Target(spec=spec, device=device, contract=contract, options=RunOptions(impl=impl or "?"), replay_draws=bound)
+    info = contract_of(test)
+    target = Target(
+        spec=spec, device=device, contract=contract, options=RunOptions(impl=impl or "?"), replay_draws=bound,
+        compares_values=info is not None and info.compares_values,
+    )
     try:
         test(target)
     except ContractFailure as failure:

@@ -50,6 +50,7 @@ from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, random_state, why_no_backward
 from conformance.engine.literals import Literals, drawing_from, snapshot
+from conformance.engine.numerics import undeclared_randomness
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
     ContractFailure,
@@ -164,6 +165,7 @@ class Target:
     options: RunOptions = field(default_factory=RunOptions)
     case_options: CaseOptions = field(default_factory=CaseOptions)  # the contract's preset
     contract_examples: int | None = None  # the contract's own example count: a cap on the run's
+    compares_values: bool = False  # the contract's failures may be undeclared randomness (engine.contract)
     nodeid: str = ""
     context: TestContext | None = field(default=None, repr=False)
     user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
@@ -723,6 +725,8 @@ class Target:
                 # interpreter limit behind that error is the interpreter's gap, not a defect.
                 if failure.__context__ is not None and self._interpreter_limited(failure.__context__):
                     return
+                if self.compares_values:
+                    self.blocked_by_undeclared_randomness()
                 raise
             except Blocked as blocked:
                 if not self._kept_crash_block(blocked):
@@ -772,6 +776,21 @@ class Target:
 
         property_.__name__ = property_.__qualname__ = re.sub(r"\W", "_", f"{self.contract}__{self.spec.name}__{self.device}")
         return property_
+
+    def blocked_by_undeclared_randomness(self, case: Case | None = None) -> None:
+        """One defect, one failure: a value that differs from what it is compared with, on a
+        Function that gives other values for the same inputs twice without declaring it, is the
+        determinism contract's (:func:`conformance.engine.numerics.undeclared_randomness` on
+        ``case``, the failing example's by default): raise ``Blocked`` by it. The runner asks on
+        every failure of a contract declared ``compares_values``; others ask where they compare."""
+        if case is None and self.context is not None:
+            case = self.context.case
+        if self.contract == "determinism" or case is None:
+            return
+        with pinned_global_state(self.pinned):
+            defect = undeclared_randomness(case)
+        if defect is not None:
+            raise Blocked(defect, case)
 
     def _crashed(self, crash: Crash, owner: str | None = None) -> None:
         """A forward or backward that raised: the failure of the contract that owns the crash

@@ -570,6 +570,7 @@ def make_target(request: pytest.FixtureRequest) -> Target:
         contract=test.contract.name,
         case_options=test.contract.case,
         contract_examples=test.contract.max_examples,
+        compares_values=test.contract.compares_values,
         options=session.engine_options,
         nodeid=node.nodeid,
         user_properties=node.user_properties,

@@ -27,12 +27,14 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
+from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel, function_of_tensors
 from conformance.engine.finite_differences import blocked_by_wrong_first_derivatives
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     cheap_budget_first,
     compare_budget,
+    compare_finiteness,
     compare_float64,
     compare_plain,
     evaluate_spec,
@@ -165,13 +167,17 @@ def _judge_dtype(
                 fail(f"{what} differs from the reference (a non-floating output, compared exactly) [{where}]")
             continue
         if dtype == torch.float64:
-            comparison = compare_float64(got, want, what=what, where=where, spec=spec)
+            comparison = compare_finiteness(got, want, dtype, what=what, where=where) or compare_float64(
+                got, want, what=what, where=where, spec=spec
+            )
         else:
             comparison = compare_budget(
                 got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, k=multiplier(spec, dtype, which),
                 what=what, where=where, steps=floor_ulps(spec, dtype),
             )
         if comparison is not None:
+            if comparison.nonfinite and final:  # NaN or inf where the truth is finite: stability's defect
+                raise Blocked(Defect("stability", comparison.summary, (comparison.details,)), impl.case)
             if which == "grad" and final:
                 _blocked_by_gradcheck(target, impl.case, comparison.summary)
             fail(comparison.summary, comparison.details)

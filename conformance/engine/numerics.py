@@ -16,7 +16,9 @@ Policy (see README, "Numerical tolerance policy"):
   itself: no reference error to scale), for every contract that compares with it.
 * Low precision passes iff ``max|impl - truth| <= k * max|baseline - truth| + floor`` per output
   and per gradient, ``floor = FLOOR_ULPS`` rounding steps of the tested dtype at ``max|truth|``.
-  The floor keeps an exact reference (baseline error 0) from demanding bit-exactness.
+  The floor keeps an exact reference (baseline error 0) from demanding bit-exactness. Where the
+  truth is nonzero and subnormal in the tested dtype, the dtype's smallest normal number is added:
+  any evaluation order through subnormal intermediates keeps only a few of its bits.
 * The baseline error is sampled more than once (``reference``): the reference in the tested
   dtype on the case's inputs and on neighbouring inputs (each element moved by at most one
   representable step), each against its own float64 truth; the largest counts. One sample of
@@ -49,7 +51,7 @@ import torch
 from conformance.engine.defects import Blocked, Defect
 from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, execute, fresh
 from conformance.engine.global_state import set_backend_flags
-from conformance.engine.harness import random_state
+from conformance.engine.harness import Execution, random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from conformance.spec.spec import FLOAT64_TOLERANCE_KEYS
@@ -215,6 +217,35 @@ def blocked_by_wrong_outputs(case: Case, outputs: Sequence[Any], grad_outputs: M
         raise Blocked(Defect("reference", f"{found.summary}: forward is already wrong on this case", (found.details,)), case)
 
 
+def blocked_by_nonfinite_values(execution: Execution) -> None:
+    """One defect, one failure: raise ``Blocked`` by stability where an output or gradient of
+    ``execution`` is NaN or inf where the float64 truth (the spec's reference) is finite, or not
+    the truth's NaN/inf (:func:`compare_finiteness` in the execution's dtype): a contract that
+    meets it another way (gradcheck's NaN Jacobian entry) finds the stability contract's defect.
+    Nothing is blocked where every value is finite or the reference itself raises."""
+    case = execution.case
+    values = [value for _, value in execution.observed() if value is not None and value.is_floating_point()]
+    if all(bool(torch.isfinite(value).all()) for value in values):
+        return
+    spec = case.spec
+    names = [recipe.name for recipe in case.recipes]
+    try:
+        truth, baseline = reference_truth_and_baseline(
+            spec, case, case.args(), names, dict(zip(execution.diff_positions, execution.grad_outputs_before))
+        )
+    except Exception:  # the reference's own error is the reference contract's to report
+        return
+    where = f"{spec.display_name}, {str(case.dtype).removeprefix('torch.')}"
+    for value in judged_outputs(execution.outputs, truth, baseline, f"{where}, forward") + judged_grads(
+        execution.grads, truth, baseline, case.args(), names, lambda name: f"{where}, backward, input {name!r}"
+    ):
+        if tuple(value.actual.shape) != tuple(value.truth.shape) or not value.actual.is_floating_point():
+            continue
+        found = compare_finiteness(value.actual, value.truth, case.dtype, baseline=value.baseline, what=value.what, where=value.where)
+        if found is not None:
+            raise Blocked(Defect("stability", found.summary, (found.details,)), case)
+
+
 def truth_and_baseline(spec: Spec, case: Case, run: Callable[[Callable[[Any], Any], bool], T]) -> tuple[T, T]:
     """The truth and the baseline of one evaluation of the reference: ``run(cast, is_truth)``,
     first with ``cast=upcast`` (float64 CPU leaf copies) under :func:`strict_float32` (the truth),
@@ -286,10 +317,13 @@ def largest_checked(truth: torch.Tensor, dtype: torch.dtype) -> float:
 
 @dataclasses.dataclass
 class Comparison:
-    """A failed comparison: the summary line and the assert_close-style details."""
+    """A failed comparison: the summary line and the assert_close-style details. ``nonfinite``:
+    NaN or inf where the truth has none, or not the truth's (:func:`compare_finiteness`): the
+    stability contract's defect wherever another contract meets it."""
 
     summary: str
     details: str
+    nonfinite: bool = False
 
 
 def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -505,7 +539,7 @@ def compare_finiteness(
             f"{count} of {bad.numel()} non-finite positions differ [{where}]"
         )
     details = finiteness_report(actual64, truth64, bad)
-    return Comparison(summary, details)
+    return Comparison(summary, details, nonfinite=True)
 
 
 def compare_budget(
@@ -582,12 +616,18 @@ def compare_budget(
         terms_at = float(bounded.max()) if bounded.numel() else 0.0
     floor = max(rounding_floor(truth64, dtype, checked, steps), steps * ulp(max(floor_at, terms_at), dtype))
     scale = torch.clamp(sensitivity, min=reference_error)
-    excess = torch.where(checked, error - (k * scale + floor), torch.full_like(error, -math.inf))
+    # A nonzero truth below the dtype's smallest normal number is subnormal there: an evaluation
+    # order whose intermediates pass through subnormals (exclusive products from both ends, as
+    # torch's own prod backward with zeros) keeps a few of its bits. Differences below that
+    # number are beyond the dtype's resolution for ordinary arithmetic.
+    tiny = float(torch.finfo(dtype).tiny)
+    subnormal = torch.where((truth64 != 0) & (truth64.abs() < tiny), tiny, 0.0)
+    excess = torch.where(checked, error - (k * scale + floor + subnormal), torch.full_like(error, -math.inf))
     if float(excess.max()) <= 0:
         return None
     index = _index_of_max(excess)
     worst, local = float(error[index]), float(scale[index])
-    allowed = k * local + floor
+    allowed = k * local + floor + float(subnormal[index])
     peak = float(truth64[checked].abs().max())
     dtype_name = str(dtype).removeprefix("torch.")
     own = (

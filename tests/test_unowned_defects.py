@@ -76,6 +76,14 @@ def test_a_chain_of_blocks_whose_owner_did_not_run_has_one_reporter_the_nearest_
     two = unreported_defects({"layouts": (BLOCKED, "return_count"), "return_count": (PASSED, ""), "compile": (BLOCKED, "opcheck")})
     assert {c: u.reporter for c, u in two.items()} == {"layouts": "layouts", "compile": "compile"}
 
+    # A circle (two defects, each contract blocked by the other's) has one reporter whatever else the
+    # row holds: the circle's end is its first member by name (it was where a walk of len(row) steps stopped).
+    circle = {"reference": (BLOCKED, "gradcheck"), "gradcheck": (BLOCKED, "reference"), "autocast": (BLOCKED, "reference")}
+    for extra in ({}, {"layouts": (PASSED, "")}, {"layouts": (PASSED, ""), "func": (PASSED, "")}):
+        assert {c: u.reporter for c, u in unreported_defects({**circle, **extra}).items()} == {
+            "reference": "reference", "gradcheck": "reference", "autocast": "reference",
+        }, extra
+
     matrix = OutcomeMatrix()
     matrix.record("scale", "cpu", "autocast", _blocked("reference", "ScaleForgotten is wrong without autocast too"))
     matrix.record("scale", "cpu", "reference", _blocked("gradcheck", "first derivatives are already wrong on this case"))

@@ -16,9 +16,7 @@ Policy (see README, "Numerical tolerance policy"):
   itself: no reference error to scale), for every contract that compares with it.
 * Low precision passes iff ``max|impl - truth| <= k * max|baseline - truth| + floor`` per output
   and per gradient, ``floor = FLOOR_ULPS`` rounding steps of the tested dtype at ``max|truth|``.
-  The floor keeps an exact reference (baseline error 0) from demanding bit-exactness. Where the
-  truth is nonzero and subnormal in the tested dtype, the dtype's smallest normal number is added:
-  any evaluation order through subnormal intermediates keeps only a few of its bits.
+  The floor keeps an exact reference (baseline error 0) from demanding bit-exactness.
 * The baseline error is sampled more than once (``reference``): the reference in the tested
   dtype on the case's inputs and on neighbouring inputs (each element moved by at most one
   representable step), each against its own float64 truth; the largest counts. One sample of
@@ -616,18 +614,12 @@ def compare_budget(
         terms_at = float(bounded.max()) if bounded.numel() else 0.0
     floor = max(rounding_floor(truth64, dtype, checked, steps), steps * ulp(max(floor_at, terms_at), dtype))
     scale = torch.clamp(sensitivity, min=reference_error)
-    # A nonzero truth below the dtype's smallest normal number is subnormal there: an evaluation
-    # order whose intermediates pass through subnormals (exclusive products from both ends, as
-    # torch's own prod backward with zeros) keeps a few of its bits. Differences below that
-    # number are beyond the dtype's resolution for ordinary arithmetic.
-    tiny = float(torch.finfo(dtype).tiny)
-    subnormal = torch.where((truth64 != 0) & (truth64.abs() < tiny), tiny, 0.0)
-    excess = torch.where(checked, error - (k * scale + floor + subnormal), torch.full_like(error, -math.inf))
+    excess = torch.where(checked, error - (k * scale + floor), torch.full_like(error, -math.inf))
     if float(excess.max()) <= 0:
         return None
     index = _index_of_max(excess)
     worst, local = float(error[index]), float(scale[index])
-    allowed = k * local + floor + float(subnormal[index])
+    allowed = k * local + floor
     peak = float(truth64[checked].abs().max())
     dtype_name = str(dtype).removeprefix("torch.")
     own = (

@@ -114,10 +114,14 @@ def unreported_defects(row: Mapping[str, tuple[Outcome, str]]) -> dict[str, Unre
         why = owner_missed(owner, row)
         if why is None:
             continue
-        end, steps = owner, 0
-        while (entry := row.get(end)) is not None and entry[0] is Outcome.BLOCKED and entry[1] and steps < len(row):
-            end, steps = entry[1], steps + 1
-        chains.setdefault(end, []).append((steps, contract, why))
+        chain = [owner]  # the owners followed, from this contract's own
+        while (entry := row.get(chain[-1])) is not None and entry[0] is Outcome.BLOCKED and entry[1] and entry[1] not in chain:
+            chain.append(entry[1])
+        if entry is not None and entry[0] is Outcome.BLOCKED and entry[1] in chain:
+            # A circle: its end is its first member by name, whatever the row's length.
+            end = min(chain[chain.index(entry[1]):])
+            chain = chain[: chain.index(end) + 1]
+        chains.setdefault(chain[-1], []).append((len(chain) - 1, contract, why))
     found = {}
     for members in chains.values():
         reporter = min(members)[1]

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import conformance
 from conformance import SpecError, Tensor, register
 from conformance.engine.numerics import (
     RESAMPLE_PAIRS,
@@ -178,6 +179,25 @@ def test_floor_lets_an_exact_reference_pass() -> None:
     assert compare_budget(impl, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is None
     wrong = impl + ulp(float(truth.abs().max()), torch.float16) * 3  # 3 rounding steps everywhere
     assert compare_budget(wrong, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is not None
+
+
+class _TinyScaleZeroGrad(torch.autograd.Function):
+    """y = 1e-5 x with a zero gradient: every value of the call is below float16's smallest normal
+    number (6.1e-5), where an allowance of that size once let it pass every contract."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x * 1e-5
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return torch.zeros_like(g)
+
+
+def test_a_wrong_gradient_of_values_below_float16s_smallest_normal_number_fails(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    result = conformance.check(_TinyScaleZeroGrad, inputs=[Tensor("x", "*batch n")], reference=lambda x: x * 1e-5,
+                               dtypes=(torch.float16,), contracts=["reference"], device="cpu", raise_on_failure=False)
+    assert result.outcome("reference") == "failed", str(result)
 
 
 def test_nan_where_the_truth_is_finite_is_stabilitys_and_blocks_reference_and_gradcheck(conformance_run) -> None:  # type: ignore[no-untyped-def]

@@ -197,34 +197,14 @@ def evaluate_spec(
     return Evaluated(first.outputs, second.grads, first.output_terms, second.grad_terms)
 
 
-def blocked_by_wrong_outputs(case: Case, outputs: Sequence[Any], grad_outputs: Mapping[int, torch.Tensor]) -> None:
-    """One defect, one failure: raise ``Blocked`` by reference where ``outputs`` (forward's, on
-    ``case`` in its dtype) are outside the reference contract's rule: a wrong forward is also a
-    wrong Jacobian for finite differences, and a contract that meets it that way (gradcheck) finds
-    the reference contract's defect. Nothing is blocked where the reference itself raises."""
-    spec = case.spec
-    args = case.args()
-    names = [recipe.name for recipe in case.recipes]
-    try:
-        truth, baseline = reference_truth_and_baseline(spec, case, args, names, grad_outputs)
-    except Exception:  # the reference's own error is the reference contract's to report
-        return
-    where = f"{spec.display_name}.forward, {str(case.dtype).removeprefix('torch.')}"
-    found = judge_against_truth(spec, case.dtype, judged_outputs(outputs, truth, baseline, where))
-    if found is not None:
-        raise Blocked(Defect("reference", f"{found.summary}: forward is already wrong on this case", (found.details,)), case)
-
-
-def blocked_by_nonfinite_values(execution: Execution) -> None:
-    """One defect, one failure: raise ``Blocked`` by stability where an output or gradient of
-    ``execution`` is NaN or inf where the float64 truth (the spec's reference) is finite, or not
-    the truth's NaN/inf (:func:`compare_finiteness` in the execution's dtype): a contract that
-    meets it another way (gradcheck's NaN Jacobian entry) finds the stability contract's defect.
-    Nothing is blocked where every value is finite or the reference itself raises."""
+def blocked_by_wrong_values(execution: Execution) -> None:
+    """One defect, one failure, for a contract that meets wrong values as something else (gradcheck:
+    a wrong Jacobian) and consults the spec's reference on ``execution``'s case only then: raise
+    ``Blocked`` by stability where an output or gradient is NaN or inf where the float64 truth is
+    finite, or not the truth's NaN/inf (:func:`compare_finiteness` in the case's dtype); else by
+    reference where forward's outputs are outside the reference contract's rule (a wrong forward
+    is a wrong Jacobian too). Nothing is blocked where the reference itself raises."""
     case = execution.case
-    values = [value for _, value in execution.observed() if value is not None and value.is_floating_point()]
-    if all(bool(torch.isfinite(value).all()) for value in values):
-        return
     spec = case.spec
     names = [recipe.name for recipe in case.recipes]
     try:
@@ -234,14 +214,17 @@ def blocked_by_nonfinite_values(execution: Execution) -> None:
     except Exception:  # the reference's own error is the reference contract's to report
         return
     where = f"{spec.display_name}, {str(case.dtype).removeprefix('torch.')}"
-    for value in judged_outputs(execution.outputs, truth, baseline, f"{where}, forward") + judged_grads(
-        execution.grads, truth, baseline, case.args(), names, lambda name: f"{where}, backward, input {name!r}"
-    ):
+    outputs = judged_outputs(execution.outputs, truth, baseline, f"{where}, forward")
+    grads = judged_grads(execution.grads, truth, baseline, case.args(), names, lambda name: f"{where}, backward, input {name!r}")
+    for value in outputs + grads:
         if tuple(value.actual.shape) != tuple(value.truth.shape) or not value.actual.is_floating_point():
             continue
         found = compare_finiteness(value.actual, value.truth, case.dtype, baseline=value.baseline, what=value.what, where=value.where)
         if found is not None:
             raise Blocked(Defect("stability", found.summary, (found.details,)), case)
+    wrong = judge_against_truth(spec, case.dtype, outputs)
+    if wrong is not None:
+        raise Blocked(Defect("reference", f"{wrong.summary}: forward is already wrong on this case", (wrong.details,)), case)
 
 
 def truth_and_baseline(spec: Spec, case: Case, run: Callable[[Callable[[Any], Any], bool], T]) -> tuple[T, T]:

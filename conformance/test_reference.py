@@ -16,7 +16,8 @@ state (so the reference must draw its randomness the same way, e.g. ``torch.rand
 One defect, one failure: a gradient that differs from the reference's while the outputs agree,
 and that finite differences of the same case in float64 also reject, is gradcheck's defect (this
 test is blocked by it); a gradient wrong only below float64, or in a spec without float64, is
-this contract's.
+this contract's. NaN or inf where the truth is finite is stability's; values that differ between
+two identical calls, undeclared, are determinism's.
 """
 
 from __future__ import annotations

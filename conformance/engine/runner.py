@@ -166,6 +166,7 @@ class Target:
     case_options: CaseOptions = field(default_factory=CaseOptions)  # the contract's preset
     contract_examples: int | None = None  # the contract's own example count: a cap on the run's
     compares_values: bool = False  # the contract's failures may be undeclared randomness (engine.contract)
+    randomness_ruled_out: Case | None = field(default=None, repr=False)  # the last case that check cleared
     nodeid: str = ""
     context: TestContext | None = field(default=None, repr=False)
     user_properties: list[tuple[str, object]] = field(default_factory=list, repr=False)
@@ -785,12 +786,13 @@ class Target:
         every failure of a contract declared ``compares_values``; others ask where they compare."""
         if case is None and self.context is not None:
             case = self.context.case
-        if self.contract == "determinism" or case is None:
-            return
+        if self.contract == "determinism" or case is None or case == self.randomness_ruled_out:
+            return  # a contract that asked itself is not asked again by the runner for the same failure
         with pinned_global_state(self.pinned):
             defect = undeclared_randomness(case)
         if defect is not None:
             raise Blocked(defect, case)
+        self.randomness_ruled_out = case
 
     def _crashed(self, crash: Crash, owner: str | None = None) -> None:
         """A forward or backward that raised: the failure of the contract that owns the crash

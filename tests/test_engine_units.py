@@ -34,18 +34,23 @@ from conformance.engine.provenance import BackwardOps, extra_ops
 from conformance.engine.report import ContractFailure, advise, fail, upstream_noted
 from conformance.engine.runner import RunOptions, Target
 from conformance.engine.stack_room import with_room
+from conformance.engine.verdict import VERDICT_PROPERTY, Outcome
 from conformance.engine.verdict import Verdict as RecordedVerdict
 from conformance.engine.watchdog import (
     HARD_SLACK,
     ExampleTimeout,
     FlightRecorder,
+    RunEnding,
     describe_crash,
     example_deadline,
     hard_deadline,
+    note_run_ending,
     one_hard_timer,
     phase_at,
     phase_marks,
+    run_ending_in,
 )
+from conformance.plugin.isolation import crash_outcome
 from conformance.spec import Tensor
 from conformance.spec.targets import adapt
 from strategies.cases import CaseOptions, cases
@@ -297,6 +302,39 @@ def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:
     finally:
         recorder.close()
     assert describe_crash(tmp_path, "gw1") is None  # another process: no record
+
+
+def test_the_first_run_ending_of_a_function_stays_and_a_later_crash_is_blocked_by_it(tmp_path: Path) -> None:
+    """One act, one failure: the first act noted for a (Function, device) stays; a crash of
+    another contract of it is reported as blocked by that one, a crash of the noting contract
+    itself (or of another Function) as the failure."""
+    exit_ = RunEnding("exit", "global_state", "sys.exit(2) was called, but a Function should never exit the program", "x: (3,) float64")
+    death = RunEnding("death", "gradcheck", "the process died while running this test", "x: (1,) float64")
+    assert run_ending_in(tmp_path, "my_fn", "cpu") is None
+    assert note_run_ending(tmp_path, "my_fn", "cpu", exit_) == exit_
+    assert note_run_ending(tmp_path, "my_fn", "cpu", death) == exit_  # the first note stays
+    assert run_ending_in(tmp_path, "my_fn", "cpu") == exit_
+    assert run_ending_in(tmp_path, "my_fn", "cuda") is None  # each device its own
+    recorder = FlightRecorder(tmp_path, "gw0")
+    try:
+        outcomes = {}
+        for function, contract in (("my_fn", "gradcheck"), ("my_fn", "global_state"), ("other_fn", "gradcheck")):
+            recorder.start_test(f"conformance/test_{contract}.py::test_{contract}[{function}-cpu]", contract, function, "cpu", "pytest ...")
+            recorder.start_example("x: (1,) float64", 10.0)
+            crash = describe_crash(tmp_path, "gw0", exit_status="killed by SIGSEGV")
+            assert crash is not None
+            outcome, text, properties = crash_outcome(crash, tmp_path)
+            outcomes[function, contract] = outcome, text, RecordedVerdict.from_json(str(dict(properties)[VERDICT_PROPERTY]))
+    finally:
+        recorder.close()
+    outcome, text, verdict = outcomes["my_fn", "gradcheck"]
+    assert outcome == "skipped" and verdict.outcome is Outcome.BLOCKED and verdict.owner == "global_state", (outcome, verdict)
+    assert text.startswith("blocked by global_state: sys.exit(2) was called") and "case: x: (3,) float64" in text, text
+    outcome, text, verdict = outcomes["my_fn", "global_state"]  # the contract that noted the exit
+    assert outcome == "failed" and verdict.outcome is Outcome.FAILED and "killed by SIGSEGV" in text, (outcome, text)
+    outcome, text, verdict = outcomes["other_fn", "gradcheck"]  # its first act: noted, and its failure
+    assert outcome == "failed" and verdict.outcome is Outcome.FAILED, (outcome, text)
+    assert run_ending_in(tmp_path, "other_fn", "cpu") == RunEnding("death", "gradcheck", verdict.reason, "x: (1,) float64")
 
 
 def test_the_flight_record_reads_back_the_last_example_after_a_longer_one(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ from conformance.engine.watchdog import (
     ExampleAborted,
     ExampleTimeout,
     FlightRecorder,
+    RunEnding,
     example_deadline,
     one_hard_timer,
     phase_at,
@@ -428,11 +429,24 @@ class Target:
 
     def _blocked_by_a_hang(self) -> None:
         """One hang, one failure: once another contract found this Function hanging on this device
-        (in this process or another of the run), stop with "blocked by" it."""
-        hang = self.flight.hang_of(self.spec.name, self.device) if self.flight is not None else None
-        if hang is not None and hang[0] != self.contract:
-            owner, summary, case = hang
-            raise Blocked(Defect(owner, f"{summary}{f'; case: {case}' if case else ''}"), None)
+        (in this process or another of the run), stop with "blocked by" it before waiting again."""
+        ending = self.flight.run_ending_of(self.spec.name, self.device) if self.flight is not None else None
+        if ending is not None and ending.act == "hang" and ending.contract != self.contract:
+            self._skip_blocked_by(ending)
+
+    def _unless_an_earlier_ending(self, act: str, failure: ContractFailure) -> None:
+        """One act, one failure: note the act that ended this test's example (a hang, an exit, a
+        self-raised interrupt) for the run; when another contract of this Function on this device
+        met one first, skip as blocked by it instead of failing for it again."""
+        if self.flight is None:
+            return
+        first = self.flight.note_run_ending(self.spec.name, self.device, RunEnding(act, self.contract, failure.summary, self._case_text()))
+        if first.contract != self.contract:
+            self._skip_blocked_by(first)
+
+    def _skip_blocked_by(self, ending: RunEnding) -> NoReturn:
+        __tracebackhide__ = True
+        self._skip(Verdict(Outcome.BLOCKED, ending.summary, owner=ending.contract, case=ending.case, rerun=self.rerun))
 
     def draw_varied_case(self, data: st.DataObject) -> Case:
         """A case from the contract's preset (:data:`VARIED_CASES` for the memory contracts, which
@@ -565,6 +579,8 @@ class Target:
             # (an aborted example -- a hang, sys.exit -- is not shrunk: it is that example).
             failure = error.failure if isinstance(error, ExampleAborted) else error
             assert isinstance(failure, ContractFailure)
+            if isinstance(error, ExampleAborted):
+                self._unless_an_earlier_ending(error.act, failure)
             self._fail(failure)
             if failure is not error:
                 raise failure from None
@@ -720,7 +736,7 @@ class Target:
                         raise ExampleAborted(contract_failure(
                             f"{self.spec.display_name} raised KeyboardInterrupt itself, but should never "
                             "(it stops the caller's whole program)",
-                        )) from None
+                        ), "interrupt") from None
             except ContractFailure as failure:
                 # Reported while handling the Function's error (a contract that caught it itself): an
                 # interpreter limit behind that error is the interpreter's gap, not a defect.
@@ -736,20 +752,18 @@ class Target:
                 raise
             except ExampleTimeout as timeout:
                 summary = f"example took longer than {timeout.seconds:g} s, but should finish [hung in {timeout.phase}]"
-                if self.flight is not None:
-                    self.flight.record_hang(self.spec.name, self.device, self.contract, summary, self._case_text())
                 raise ExampleAborted(contract_failure(
                     summary,
                     f"time budget: {timeout.seconds:g} s per example (--example-timeout, or register(..., timeout=) "
                     "for a Function that is legitimately slow)",
                     user_frames(timeout),
-                )) from None
+                ), "hang") from None
             except SystemExit as exiting:
                 raise ExampleAborted(contract_failure(
                     f"sys.exit({exiting.code!r}) was called, but a Function should never exit the program "
                     f"[{phase(_innermost_frame(exiting))}]",
                     user_frames(exiting),
-                )) from None
+                ), "exit") from None
             except Crash as crash:
                 self._unless_crash_blocked(self._crashed, crash)
             except Exception as error:

@@ -45,11 +45,14 @@ __all__ = [
     "ExampleTimeout",
     "FlightRecorder",
     "Interrupts",
+    "RunEnding",
     "describe_crash",
     "example_deadline",
     "hard_deadline",
+    "note_run_ending",
     "one_hard_timer",
     "phase_at",
+    "run_ending_in",
 ]
 
 # Seconds one example may take before it fails as a hang. Generous: the slowest example of the
@@ -73,11 +76,13 @@ class ExampleTimeout(BaseException):
 
 class ExampleAborted(BaseException):
     """The example must end the test now (a hang, a Function calling ``sys.exit``); carries the
-    finished failure report. Passes through Hypothesis without shrinking."""
+    finished failure report and the act (a :class:`RunEnding`'s). Passes through Hypothesis
+    without shrinking."""
 
-    def __init__(self, failure: AssertionError) -> None:
+    def __init__(self, failure: AssertionError, act: str) -> None:
         super().__init__(str(failure))
         self.failure = failure
+        self.act = act
 
 
 @dataclass(frozen=True)
@@ -298,11 +303,11 @@ class FlightRecorder:
         example = json.dumps({"case": case, "started": now, "deadline": deadline})
         self._write(f"{self._test_json}{example[1:]}".encode())
 
-    def record_hang(self, function: str, device: str, contract: str, summary: str, case: str) -> None:
-        record_hang(self.record_path.parent, function, device, contract, summary, case)
+    def note_run_ending(self, function: str, device: str, ending: RunEnding) -> RunEnding:
+        return note_run_ending(self.record_path.parent, function, device, ending)
 
-    def hang_of(self, function: str, device: str) -> tuple[str, str, str] | None:
-        return hang_in(self.record_path.parent, function, device)
+    def run_ending_of(self, function: str, device: str) -> RunEnding | None:
+        return run_ending_in(self.record_path.parent, function, device)
 
     def _write(self, data: bytes) -> None:
         # Padded with spaces over a longer earlier record of this test (still one JSON document):
@@ -315,32 +320,47 @@ class FlightRecorder:
         self.stack_file.close()
 
 
-@functools.lru_cache(maxsize=1024)  # asked before every example
-def _hang_path(directory: Path, function: str, device: str) -> Path:
+@dataclass(frozen=True)
+class RunEnding:
+    """An act that ends an example's test, not just the example, met by ``contract``: a hang
+    (``act="hang"``), ``sys.exit`` (``"exit"``), a KeyboardInterrupt the Function raised itself
+    (``"interrupt"``), or a process death (``"death"``: ``os._exit``, a segfault)."""
+
+    act: str
+    contract: str
+    summary: str
+    case: str
+
+
+@functools.lru_cache(maxsize=1024)  # asked before every test
+def _ending_path(directory: Path, function: str, device: str) -> Path:
     digest = hashlib.sha256(f"{function}|{device}".encode()).hexdigest()[:24]
-    return directory / "hangs" / f"{digest}.json"
+    return directory / "endings" / f"{digest}.json"
 
 
-def record_hang(directory: Path, function: str, device: str, contract: str, summary: str, case: str) -> None:
-    """Note in the run's flight folder (shared by every process of the run) that ``contract``
-    found ``function`` hanging on ``device``; the first note stays. The Function's other contracts
-    are then blocked by it instead of each waiting out the hang (one hang, one failure)."""
-    path = _hang_path(directory, function, device)
+def note_run_ending(directory: Path, function: str, device: str, ending: RunEnding) -> RunEnding:
+    """Note in the run's flight folder (shared by every process of the run) that ``ending.contract``
+    met ``ending`` on ``function`` and ``device``, unless an ending was noted first; return the
+    one noted first. One act, one failure: a contract that meets an act another contract noted
+    is blocked by it, and a noted hang blocks the Function's later contracts before they start
+    (each would wait out the hang again)."""
+    path = _ending_path(directory, function, device)
     path.parent.mkdir(exist_ok=True)
     try:
         with open(path, "x", encoding="utf-8") as file:
-            json.dump({"contract": contract, "summary": summary, "case": case}, file)
+            json.dump({"act": ending.act, "contract": ending.contract, "summary": ending.summary, "case": ending.case}, file)
     except FileExistsError:
-        pass
+        return run_ending_in(directory, function, device) or ending
+    return ending
 
 
-def hang_in(directory: Path, function: str, device: str) -> tuple[str, str, str] | None:
-    """(contract, summary, case) of the hang noted for ``function`` on ``device``, if any."""
+def run_ending_in(directory: Path, function: str, device: str) -> RunEnding | None:
+    """The ending noted first for ``function`` on ``device``, if any."""
     try:
-        record = json.loads(_hang_path(directory, function, device).read_text(encoding="utf-8"))
+        record = json.loads(_ending_path(directory, function, device).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return str(record.get("contract", "")), str(record.get("summary", "")), str(record.get("case", ""))
+    return RunEnding(*(str(record.get(key, "")) for key in ("act", "contract", "summary", "case")))
 
 
 @dataclass(frozen=True)
@@ -357,9 +377,11 @@ class Crash:
     details: str
     hung: bool = False  # ended by the hard deadline (a hang outside Python), not by a fatal signal
 
-    def record_if_hung(self, directory: Path) -> None:
-        if self.hung:
-            record_hang(directory, self.function, self.device, self.contract, self.summary, self.case)
+    def noted(self, directory: Path) -> RunEnding:
+        """Note this crash as the Function's run ending (:func:`note_run_ending`); the ending
+        noted first, this one's or another contract's."""
+        ending = RunEnding("hang" if self.hung else "death", self.contract, self.summary, self.case)
+        return note_run_ending(directory, self.function, self.device, ending)
 
 
 def describe_crash(directory: Path, name: str, *, exit_status: str = "") -> Crash | None:

@@ -21,7 +21,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from _pytest.runner import runtestprotocol
@@ -30,7 +30,7 @@ from conformance.engine.verdict import Outcome, Verdict
 from conformance.engine.watchdog import Crash, FlightRecorder, describe_crash
 from conformance.plugin.collection import TEST_PROPERTY, not_run_here_key
 
-__all__ = ["ForkIsolation", "XdistCrashReports", "crash_text", "exit_status_text"]
+__all__ = ["ForkIsolation", "XdistCrashReports", "crash_outcome", "crash_text", "exit_status_text"]
 
 def exit_status_text(status: int) -> str:
     """``os.waitpid``'s status in words: "killed by SIGSEGV", "exited with code 3"."""
@@ -63,6 +63,25 @@ def crash_properties(crash: Crash, text: str) -> list[tuple[str, object]]:
     its verdict (failed, with the crash report as its message)."""
     verdict = Verdict(Outcome.FAILED, crash.summary, case=crash.case or "", rerun=crash.rerun or "", message=text)
     return [(TEST_PROPERTY, (crash.contract, crash.function, crash.device)), verdict.as_property()]
+
+
+def crash_outcome(crash: Crash, flight_dir: Path) -> tuple[Literal["failed", "skipped"], str, list[tuple[str, object]]]:
+    """``(pytest outcome, report text, user_properties)`` of a test whose process died: failed
+    with the crash report, or -- one act, one failure -- skipped as blocked by the contract of the
+    same Function and device whose example ended first (a death, a hang, an exit: noted in the
+    flight folder, :func:`conformance.engine.watchdog.note_run_ending`)."""
+    first = crash.noted(flight_dir)
+    if first.contract == crash.contract:
+        text = crash_text(crash)
+        return "failed", text, crash_properties(crash, text)
+    verdict = Verdict(Outcome.BLOCKED, first.summary, owner=first.contract, case=first.case, rerun=crash.rerun or "")
+    return "skipped", verdict.describe(), [(TEST_PROPERTY, (crash.contract, crash.function, crash.device)), verdict.as_property()]
+
+
+def _longrepr(outcome: str, item_location: tuple[str, int | None, str], text: str) -> Any:
+    """A report's longrepr: a skip's is pytest's ``(path, line, reason)``."""
+    path, line, _ = item_location
+    return (path, line or 0, f"Skipped: {text}") if outcome == "skipped" else text
 
 
 def warm_up() -> None:
@@ -135,21 +154,20 @@ class ForkIsolation:
         return [self._crash_report(item, exit_status_text(status))]
 
     def _crash_report(self, item: pytest.Item, status: str) -> pytest.TestReport:
-        crash = describe_crash(self.flight.record_path.parent, self.flight.record_path.stem, exit_status=status)
-        if crash is not None:
-            crash.record_if_hung(self.flight.record_path.parent)
+        flight_dir = self.flight.record_path.parent
+        crash = describe_crash(flight_dir, self.flight.record_path.stem, exit_status=status)
+        outcome: Literal["failed", "skipped"] = "failed"
         if crash is None or crash.nodeid != item.nodeid:
             text = f"the process running {item.nodeid} died ({status}) before the test started"
             properties: list[tuple[str, object]] = []
         else:
-            text = crash_text(crash)
-            properties = crash_properties(crash, text)
+            outcome, text, properties = crash_outcome(crash, flight_dir)
         return pytest.TestReport(
             nodeid=item.nodeid,
             location=item.location,
             keywords={name: 1 for name in item.keywords},
-            outcome="failed",
-            longrepr=text,
+            outcome=outcome,
+            longrepr=_longrepr(outcome, item.location, text),
             when="call",
             user_properties=[*item.user_properties, *properties],
         )
@@ -168,9 +186,9 @@ class XdistCrashReports:
         crash = describe_crash(self.flight_dir, str(getattr(worker, "id", "")), exit_status="the xdist worker crashed")
         if crash is None or crash.nodeid != crashitem:
             return
-        crash.record_if_hung(self.flight_dir)
-        text = crash_text(crash)
-        report.longrepr = text
+        outcome, text, properties = crash_outcome(crash, self.flight_dir)
+        report.outcome = outcome
+        report.longrepr = _longrepr(outcome, report.location, text)
         report.when = "call"
-        report.user_properties = [*report.user_properties, *crash_properties(crash, text)]
+        report.user_properties = [*report.user_properties, *properties]
 

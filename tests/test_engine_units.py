@@ -48,7 +48,8 @@ from conformance.engine.watchdog import (
     one_hard_timer,
     phase_at,
     phase_marks,
-    run_ending_in,
+    run_endings,
+    run_endings_in,
 )
 from conformance.plugin.isolation import crash_outcome
 from conformance.spec import Tensor
@@ -304,17 +305,19 @@ def test_a_crash_is_read_back_from_the_flight_record(tmp_path: Path) -> None:
     assert describe_crash(tmp_path, "gw1") is None  # another process: no record
 
 
-def test_the_first_run_ending_of_a_function_stays_and_a_later_crash_is_blocked_by_it(tmp_path: Path) -> None:
-    """One act, one failure: the first act noted for a (Function, device) stays; a crash of
-    another contract of it is reported as blocked by that one, a crash of the noting contract
-    itself (or of another Function) as the failure."""
+def test_the_first_run_ending_in_contract_order_owns_it_and_a_later_crash_is_blocked_by_it(tmp_path: Path) -> None:
+    """One act, one failure: each contract's first note stays, and the Function's first note in
+    contract order owns the act, whichever was written first (two xdist workers). A crash of a
+    later contract is reported as blocked by it; of the owner itself, or of another Function, as
+    the failure."""
     exit_ = RunEnding("exit", "global_state", "sys.exit(2) was called, but a Function should never exit the program", "x: (3,) float64")
-    death = RunEnding("death", "gradcheck", "the process died while running this test", "x: (1,) float64")
-    assert run_ending_in(tmp_path, "my_fn", "cpu") is None
-    assert note_run_ending(tmp_path, "my_fn", "cpu", exit_) == exit_
-    assert note_run_ending(tmp_path, "my_fn", "cpu", death) == exit_  # the first note stays
-    assert run_ending_in(tmp_path, "my_fn", "cpu") == exit_
-    assert run_ending_in(tmp_path, "my_fn", "cuda") is None  # each device its own
+    late = RunEnding("exit", "return_count", "sys.exit(2) was called", "x: (2,) float64")
+    assert run_endings_in(tmp_path, "my_fn", "cpu") == []
+    assert note_run_ending(tmp_path, "my_fn", "cpu", late) == late  # met first in time, by a later contract
+    assert note_run_ending(tmp_path, "my_fn", "cpu", exit_) == exit_  # an earlier contract owns it
+    assert note_run_ending(tmp_path, "my_fn", "cpu", dataclasses.replace(exit_, summary="again")) == exit_  # its first note stays
+    assert run_endings_in(tmp_path, "my_fn", "cpu") == [exit_, late]
+    assert run_endings_in(tmp_path, "my_fn", "cuda") == []  # each device its own
     recorder = FlightRecorder(tmp_path, "gw0")
     try:
         outcomes = {}
@@ -334,7 +337,11 @@ def test_the_first_run_ending_of_a_function_stays_and_a_later_crash_is_blocked_b
     assert outcome == "failed" and verdict.outcome is Outcome.FAILED and "killed by SIGSEGV" in text, (outcome, text)
     outcome, text, verdict = outcomes["other_fn", "gradcheck"]  # its first act: noted, and its failure
     assert outcome == "failed" and verdict.outcome is Outcome.FAILED, (outcome, text)
-    assert run_ending_in(tmp_path, "other_fn", "cpu") == RunEnding("death", "gradcheck", verdict.reason, "x: (1,) float64")
+    assert run_endings(tmp_path) == {
+        ("my_fn", "cpu"): [exit_, run_endings_in(tmp_path, "my_fn", "cpu")[1], late],
+        ("other_fn", "cpu"): [RunEnding("death", "gradcheck", verdict.reason, "x: (1,) float64")],
+    }
+    assert run_endings_in(tmp_path, "my_fn", "cpu")[1].contract == "gradcheck"
 
 
 def test_the_flight_record_reads_back_the_last_example_after_a_longer_one(tmp_path: Path) -> None:

@@ -428,16 +428,19 @@ class Target:
         return chosen
 
     def _blocked_by_a_hang(self) -> None:
-        """One hang, one failure: once another contract found this Function hanging on this device
-        (in this process or another of the run), stop with "blocked by" it before waiting again."""
-        ending = self.flight.run_ending_of(self.spec.name, self.device) if self.flight is not None else None
-        if ending is not None and ending.act == "hang" and ending.contract != self.contract:
-            self._skip_blocked_by(ending)
+        """One hang, one failure: once a contract before this one (contract order) found this Function
+        hanging on this device (in this process or another of the run), stop with "blocked by" it
+        before waiting again. A later contract's hang does not block: this one may meet it first
+        in contract order, and owns it then (the matrix blocks the later one)."""
+        endings = self.flight.run_endings_of(self.spec.name, self.device) if self.flight is not None else []
+        hung = [e for e in endings if e.act == "hang" and e.contract < self.contract]  # contract order: see note_run_ending
+        if hung:
+            self._skip_blocked_by(hung[0])
 
     def _unless_an_earlier_ending(self, act: str, failure: ContractFailure) -> None:
         """One act, one failure: note the act that ended this test's example (a hang, an exit, a
-        self-raised interrupt) for the run; when another contract of this Function on this device
-        met one first, skip as blocked by it instead of failing for it again."""
+        self-raised interrupt) for the run; when a contract before this one (contract order) of this
+        Function on this device noted one, skip as blocked by it instead of failing for it again."""
         if self.flight is None:
             return
         first = self.flight.note_run_ending(self.spec.name, self.device, RunEnding(act, self.contract, failure.summary, self._case_text()))

@@ -24,6 +24,7 @@ deadline is skipped and only the hard one applies.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import functools
 import hashlib
@@ -33,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
@@ -52,7 +53,8 @@ __all__ = [
     "note_run_ending",
     "one_hard_timer",
     "phase_at",
-    "run_ending_in",
+    "run_endings",
+    "run_endings_in",
 ]
 
 # Seconds one example may take before it fails as a hang. Generous: the slowest example of the
@@ -306,8 +308,8 @@ class FlightRecorder:
     def note_run_ending(self, function: str, device: str, ending: RunEnding) -> RunEnding:
         return note_run_ending(self.record_path.parent, function, device, ending)
 
-    def run_ending_of(self, function: str, device: str) -> RunEnding | None:
-        return run_ending_in(self.record_path.parent, function, device)
+    def run_endings_of(self, function: str, device: str) -> list[RunEnding]:
+        return run_endings_in(self.record_path.parent, function, device)
 
     def _write(self, data: bytes) -> None:
         # Padded with spaces over a longer earlier record of this test (still one JSON document):
@@ -333,34 +335,55 @@ class RunEnding:
 
 
 @functools.lru_cache(maxsize=1024)  # asked before every test
-def _ending_path(directory: Path, function: str, device: str) -> Path:
+def _endings_dir(directory: Path, function: str, device: str) -> Path:
     digest = hashlib.sha256(f"{function}|{device}".encode()).hexdigest()[:24]
-    return directory / "endings" / f"{digest}.json"
+    return directory / "endings" / digest
 
 
 def note_run_ending(directory: Path, function: str, device: str, ending: RunEnding) -> RunEnding:
     """Note in the run's flight folder (shared by every process of the run) that ``ending.contract``
-    met ``ending`` on ``function`` and ``device``, unless an ending was noted first; return the
-    one noted first. One act, one failure: a contract that meets an act another contract noted
-    is blocked by it, and a noted hang blocks the Function's later contracts before they start
-    (each would wait out the hang again)."""
-    path = _ending_path(directory, function, device)
-    path.parent.mkdir(exist_ok=True)
+    met ``ending`` on ``function`` and ``device`` (a contract's first note stays), and return the
+    Function's first ending in contract order noted so far: this one, or an earlier contract's, by
+    which this test is then blocked. One act, one failure, the same serially and under xdist:
+    tests run in contract order within a Function, and where two workers met the act at once, the
+    run's matrix keeps the first contract's failure (:func:`run_endings`)."""
+    folder = _endings_dir(directory, function, device)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"function": function, "device": device, **dataclasses.asdict(ending)}
     try:
-        with open(path, "x", encoding="utf-8") as file:
-            json.dump({"act": ending.act, "contract": ending.contract, "summary": ending.summary, "case": ending.case}, file)
+        with open(folder / f"{ending.contract}.json", "x", encoding="utf-8") as file:
+            json.dump(record, file)
     except FileExistsError:
-        return run_ending_in(directory, function, device) or ending
-    return ending
+        pass
+    return run_endings_in(directory, function, device)[0]
 
 
-def run_ending_in(directory: Path, function: str, device: str) -> RunEnding | None:
-    """The ending noted first for ``function`` on ``device``, if any."""
-    try:
-        record = json.loads(_ending_path(directory, function, device).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return RunEnding(*(str(record.get(key, "")) for key in ("act", "contract", "summary", "case")))
+def run_endings_in(directory: Path, function: str, device: str) -> list[RunEnding]:
+    """The endings noted for ``function`` on ``device``, in contract order."""
+    return _read_endings(_endings_dir(directory, function, device).glob("*.json"))
+
+
+def run_endings(directory: Path) -> dict[tuple[str, str], list[RunEnding]]:
+    """Every ending noted in the run, per (function, device), each list in contract order."""
+    found: dict[tuple[str, str], list[Path]] = {}
+    for path in (directory / "endings").glob("*/*.json"):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        found.setdefault((str(record.get("function", "")), str(record.get("device", ""))), []).append(path)
+    return {row: _read_endings(paths) for row, paths in found.items()}
+
+
+def _read_endings(paths: Iterable[Path]) -> list[RunEnding]:
+    endings = []
+    for path in paths:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # being written by another process: its writer reports it
+            continue
+        endings.append(RunEnding(*(str(record.get(key, "")) for key in ("act", "contract", "summary", "case"))))
+    return sorted(endings, key=lambda ending: ending.contract)
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 import textwrap
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 from conformance.engine.author_code import Executed, Gap, Region, gaps_of
-from conformance.engine.verdict import TIERS, Outcome, tier_of, unreported_defects
+from conformance.engine.verdict import TIERS, Outcome, Verdict, tier_of, unreported_defects
+from conformance.engine.watchdog import RunEnding
 
 __all__ = [
     "FAILURE_OUTCOMES",
@@ -224,6 +225,27 @@ class OutcomeMatrix:
         if previous is not None and previous.outcome in ("failed", "error"):
             return
         row[contract] = cell
+
+    def one_failure_per_ending(self, endings: Mapping[tuple[str, str], Sequence[RunEnding]]) -> list[tuple[str, str, str]]:
+        """One run-ending act, one failure, whatever ran first: in each row, a failed cell of a
+        contract that noted an ending (a hang, an exit, a death; ``endings`` per (function, device),
+        in contract order) becomes blocked by the first contract that noted one -- two xdist workers
+        may have met the act at once, where a serial run blocked the later contract. Returns the
+        cells changed, as (function, device, contract). Call once, when every cell is in."""
+        made = []
+        for (function, device), noted in endings.items():
+            row = self._rows.get((function, device), {})
+            first = noted[0] if noted else None
+            for ending in noted[1:]:
+                cell = row.get(ending.contract)
+                if first is None or cell is None or cell.outcome != "failed":
+                    continue
+                verdict = Verdict(Outcome.BLOCKED, first.summary, owner=first.contract, case=first.case, rerun=cell.rerun)
+                row[ending.contract] = Cell(
+                    outcome="blocked", reason=verdict.describe(), duration=cell.duration, rerun=cell.rerun, owner=first.contract,
+                )
+                made.append((function, device, ending.contract))
+        return made
 
     def report_unowned_defects(self) -> list[tuple[str, str, str]]:
         """Turn each blocked cell whose owner did not fail in its row into the failure that reports

@@ -42,7 +42,7 @@ from conformance.engine.report import ContractFailure
 from conformance.engine.runner import Target
 from conformance.engine.triton_interpreter import runs_interpreted
 from conformance.engine.verdict import Outcome, Verdict, tier_of
-from conformance.engine.watchdog import FlightRecorder
+from conformance.engine.watchdog import FlightRecorder, run_endings
 from conformance.plugin.collection import (
     EXPECTATION_PROPERTY,
     TEST_PROPERTY,
@@ -376,6 +376,8 @@ class ConformanceSession:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.options.shard is not None and self.specs:
             # A slice left empty because the run has fewer rows than slices: that slice passed.
             session.exitstatus = pytest.ExitCode.OK
+        if self.flight is not None:  # the run's flight folder: every process's notes
+            self.matrix.one_failure_per_ending(run_endings(self.flight.record_path.parent))
         # A test blocked by a defect whose owner passed is the defect's only report: it fails.
         unowned = self.matrix.report_unowned_defects()
         strict_stale = self.expectations is not None and self.expectations.strict and self.stale_expectations()

@@ -106,6 +106,7 @@ def _judge_dtype(
             f"len(reference outputs)={len(truth.outputs)}, but {fn_name}.forward returns {len(impl.outputs)} "
             f"[spec {spec.name!r}, reference=, {dtype_name}]",
             REFERENCE_BLAME,
+            compares_values=False,
         )
     # (label, k key, impl, truth, baseline, resampled (baseline, truth) pairs, where, truth's term bound)
     pairs: list[
@@ -119,12 +120,13 @@ def _judge_dtype(
                 plain.append((position, got, want, base))
             continue
         if not isinstance(got, torch.Tensor):
-            fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]")
+            fail(f"output[{position}]={describe_value(got)}, but should be a tensor like the reference [{where}]", compares_values=False)
         if tuple(got.shape) != tuple(want.shape):
             fail(
                 f"reference output[{position}].shape={tuple(want.shape)}, but {fn_name}.forward returns "
                 f"{tuple(got.shape)} [spec {spec.name!r}, reference=, {dtype_name}]",
                 REFERENCE_BLAME,
+                compares_values=False,
             )
         if isinstance(base, torch.Tensor) and got.dtype != base.dtype:
             blocked_by_fake_kernel(impl.case.with_dtype(dtype))  # a fake kernel of the reference's dtype: opcheck's finding
@@ -134,6 +136,7 @@ def _judge_dtype(
                 f"A caller gets another dtype than from the op this Function replaces (memory, and every later "
                 f"op's type promotion). If {got.dtype} is by design (a float32 statistic such as a logsumexp), "
                 "make reference= return it too.",
+                compares_values=False,
             )
         moved = [(b.outputs[position], t.outputs[position]) for b, t in resamples]
         pairs.append((f"output[{position}]", "output", got, want, base, moved, where, truth.output_terms.get(position)))
@@ -233,6 +236,7 @@ def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict
             f"the spec's reference raised {type(error).__name__}, but should run on this case [spec {spec.name!r}, reference=]",
             f"{type(error).__name__}: {error}",
             REFERENCE_BLAME,
+            compares_values=False,
         )
 
 

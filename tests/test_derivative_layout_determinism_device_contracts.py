@@ -6,9 +6,13 @@ breaks the Triton interpreter.)"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+import conformance
+from conformance import Tensor
 from conformance.engine.verdict import Outcome
 from tests.conftest import ZOO
 from tests.zoo_runs import CORE, DERIVATIVE_BEHAVIOUR
@@ -135,6 +139,32 @@ def test_undeclared_noise_fails_determinism_alone_and_blocks_what_compares_value
     for contract in blocked:
         assert row[contract].owner == "determinism", (contract, row[contract])
         assert "differs between two calls with identical inputs" in row[contract].reason, row[contract]
+
+
+class _NoisyWrongIndex(torch.autograd.Function):
+    """Two defects: undeclared noise in forward, and x's gradient gated on needs_input_grad[1]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x * w + 1e-3 * torch.randn_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, w = ctx.saved_tensors
+        return (grad * w if ctx.needs_input_grad[1] else None), (grad * x if ctx.needs_input_grad[1] else None)
+
+
+def test_a_missing_gradient_of_a_random_function_is_not_blocked_by_its_randomness() -> None:
+    """Randomness explains values that differ from what they are compared with, not a needed
+    gradient that is None: needs_input_grad fails for it beside determinism (it was blocked by it)."""
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_NoisyWrongIndex, inputs=[Tensor("x", "n"), Tensor("w", "n")], reference=lambda x, w: x * w,
+                          device="cpu", contracts=["determinism", "needs_input_grad"], max_examples=5)
+    verdicts = {r.contract: r.verdict for r in raised.value.result.results}
+    assert verdicts["determinism"].outcome is Outcome.FAILED, verdicts
+    needs = verdicts["needs_input_grad"]
+    assert needs.outcome is Outcome.FAILED and needs.reason.startswith("grad['x']=None, but should be a Tensor"), needs
 
 
 def test_a_backward_that_changes_its_state_is_inplaces_and_blocks_gradchecks_reentrancy(conformance_run) -> None:  # type: ignore[no-untyped-def]

@@ -53,6 +53,9 @@ class ContractFailure(AssertionError):
         self.repro_path = ""
         self.dtype: torch.dtype | None = None  # the failing example's dtype, when known
         self.case_text = ""  # the failing example's case, described, when known
+        # False for a structural finding (a missing or misshapen gradient, a wrong output count):
+        # values that differ from themselves (undeclared randomness) cannot explain it.
+        self.compares_values = True
         super().__init__(head)
 
     def report_text(self, *, include_repro: bool = True) -> str:
@@ -126,10 +129,16 @@ def describe_value(value: Any) -> str:
     return repr(value) if value is None or isinstance(value, (int, float, bool)) else type(value).__name__
 
 
-def fail(summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None) -> NoReturn:
-    """Raise :class:`ContractFailure` with the standard report for the running test."""
+def fail(
+    summary: str, *details: str, contract: str | None = None, spec: Spec | None = None, case: Case | None = None,
+    compares_values: bool = True,
+) -> NoReturn:
+    """Raise :class:`ContractFailure` with the standard report for the running test;
+    ``compares_values=False`` for a structural finding (see ``ContractFailure.compares_values``)."""
     __tracebackhide__ = True
-    raise contract_failure(summary, *details, contract=contract, spec=spec, case=case)
+    failure = contract_failure(summary, *details, contract=contract, spec=spec, case=case)
+    failure.compares_values = compares_values
+    raise failure
 
 
 def advise(summary: str, *details: str) -> None:

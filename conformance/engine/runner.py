@@ -745,7 +745,7 @@ class Target:
                 # interpreter limit behind that error is the interpreter's gap, not a defect.
                 if failure.__context__ is not None and self._interpreter_limited(failure.__context__):
                     return
-                if self.compares_values:
+                if self.compares_values and failure.compares_values:
                     self.blocked_by_undeclared_randomness()
                 raise
             except Blocked as blocked:

@@ -34,7 +34,7 @@ from strategies.draw import PartialCase, cornered, draw_recipe, shape_of
 from strategies.inputs import device_supports, dtypes_for, requires_grad_classes, requires_grad_subsets
 from strategies.layouts import GRAD_LAYOUTS, LAYOUTS, apply_grad_layout, apply_layout, layouts
 from strategies.options import CaseOptions
-from strategies.recipes import Recipe, ScalarRecipe, TensorRecipe
+from strategies.recipes import FloatingRecipe, Recipe, ScalarRecipe, TensorRecipe
 from strategies.reuse import just, sampled
 from strategies.values import distinct_seed, grad_output_from_seed, magnitudes, value_seeds
 
@@ -116,6 +116,17 @@ class Case:
 
     def with_dtype(self, dtype: torch.dtype) -> Case:
         return replace(self, dtype=dtype)
+
+    def in_contiguous_layouts(self) -> Case:
+        """This case with contiguous inputs and grad_outputs (a strided or stride-0 grad_output
+        kind becomes random values, laid out contiguously); itself when it has no other layout."""
+        plain = replace(
+            self,
+            recipes=tuple(replace(r, layout="contiguous") if isinstance(r, FloatingRecipe) else r for r in self.recipes),
+            grad_layout="as_drawn",
+            grad_kind="random" if self.grad_kind in ("noncontiguous", "expanded") else self.grad_kind,
+        )
+        return self if plain == self else plain
 
     def describe(self) -> str:
         parts = [recipe.describe() + (", requires_grad" if recipe.name in self.requires_grad else "") for recipe in self.recipes]

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import conformance
-from conformance.engine.defects import BackwardError, Blocked, forward_defect, require_sound, structural_defects
+from conformance.engine import simplest
+from conformance.engine.defects import BackwardError, Blocked, Defect, forward_defect, require_sound, structural_defects
 from conformance.engine.evaluate import unversioned_saves
 from conformance.engine.finite_differences import FD_EPS, LARGEST_STEP, resolving_steps
 from conformance.engine.harness import Execution, changed_elements
@@ -496,6 +497,38 @@ def test_a_failure_at_a_corner_is_reported_at_the_smallest_failing_size(fails_fr
     assert target.context is not None and target.context.case is not None
     assert target.context.case.sizes["n"] == reported  # the case the report and repro describe
     assert [value.sizes["n"] for label, value in target.last_draws if label == "case"] == [reported]  # what the repro replays
+
+
+@pytest.mark.parametrize("found", ["failure", "block"])
+def test_a_finding_that_does_not_happen_again_is_reported_as_intermittent(found: str) -> None:
+    """A Function that fails once and not when Hypothesis runs the same example again (it reads
+    memory it does not own) made Hypothesis raise FlakyFailure, which surfaced as the test's raw
+    traceback: the failure stands, told as intermittent; a block stays a block."""
+    spec = make_spec([Tensor("x", "n")])
+    target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5}))
+    calls: list[int] = []
+
+    def check(target: Target, data: Any) -> None:
+        target.draw_case(data)
+        target.checked()
+        if simplest.running():
+            return
+        calls.append(1)
+        if len(calls) == 1 and found == "failure":
+            fail("grad['x'] is wrong once")
+        if len(calls) == 1:
+            raise Blocked(Defect("reference", "output[0] is wrong once"), None)
+
+    if found == "failure":
+        with pytest.raises(ContractFailure) as raised:
+            target.run(check)
+        assert raised.value.summary == "grad['x'] is wrong once"
+        assert "intermittent: it did not fail again when the same example ran a second time" in str(raised.value)
+    else:
+        with pytest.raises(pytest.skip.Exception) as skipped:
+            target.run(check)
+        assert str(skipped.value.msg).startswith("blocked by reference: output[0] is wrong once"), skipped.value.msg
+    assert len(calls) > 1  # Hypothesis ran the example again
 
 
 def test_with_room_calls_above_a_frame_that_takes_a_frame_stack_chunk_of_its_own() -> None:

@@ -287,11 +287,24 @@ def _describe_return(value: Any) -> str:
 
 def unwritten_defect(execution: Execution) -> Defect:
     """Output or gradient elements read from memory the Function never wrote, owned by
-    ``unwritten_memory`` (see :mod:`conformance.engine.memory`)."""
+    ``unwritten_memory`` (see :mod:`conformance.engine.memory`); by ``layouts`` where only strided
+    inputs or grad_outputs leave them (the Function read outside such a tensor)."""
     first = execution.unwritten[0]
     fn_name = execution.case.spec.display_name
     phase = "forward" if first.what.startswith("output") else "backward"
     others = "; ".join(u.describe() for u in execution.unwritten[1:])
+    if execution.unwritten_only_strided:
+        return Defect(
+            "layouts",
+            f"{first.what}{list(first.index)}={first.poison} from memory outside the Function's tensors, with strided "
+            f"inputs or grad_outputs but not contiguous ones ({first.count} of {first.total} elements) [{fn_name}.{phase}]",
+            (
+                "With the same case in contiguous layouts every element is written; with these layouts some hold a "
+                "poisoned allocation's NaN, which the Function read from outside a strided or stride-0 input or "
+                "grad_output (a kernel that assumes contiguous memory). Call .contiguous() before such a kernel.",
+                f"Also: {others}." if others else "",
+            ),
+        )
     return Defect(
         "unwritten_memory",
         f"{first.what}{list(first.index)}={first.poison} from a poisoned allocation, but should be written by "

@@ -322,9 +322,32 @@ def undeclared_randomness(case: Case) -> Defect | None:
     """The determinism contract's defect on ``case``, or None: two calls with identical inputs, one
     after the other (torch's global RNG left alone), whose outputs or gradients differ, of a Function
     not declared ``nondeterministic``. One defect, one failure: a contract whose comparison of values
-    fails on such a Function meets that defect, not one of its own (the runner asks, on failure)."""
+    fails on such a Function meets that defect, not one of its own (the runner asks, on failure).
+    Values that differ only where an input or grad_output is strided or stride-0 -- the same case in
+    contiguous layouts gives the same values twice -- are read from memory outside the tensor (a
+    kernel that assumes contiguous memory): the layouts contract's defect."""
     if case.spec.nondeterministic:
         return None
+    differs = _differs_from_itself(case)
+    if differs is None:
+        return None
+    plain = case.in_contiguous_layouts()
+    if plain is case or _differs_from_itself(plain) is not None:
+        return Defect(
+            "determinism", f"{differs} differs between two calls with identical inputs [{case.spec.display_name}]",
+            ("Declare nondeterministic=True if the Function is random by design (dropout, noise, sampling).",),
+        )
+    return Defect(
+        "layouts",
+        f"{differs} differs between two calls with identical strided inputs or grad_outputs, but not with contiguous ones "
+        f"[{case.spec.display_name}]",
+        ("The Function reads memory outside a tensor it gets in a strided or stride-0 layout (a kernel that assumes "
+         "contiguous memory): call .contiguous() on inputs and grad_outputs before it.",),
+    )
+
+
+def _differs_from_itself(case: Case) -> str | None:
+    """What differs between two calls of ``case`` ("outputs[0]", "grad['x']"), or None."""
     try:
         first, second = execute(case), execute(case)
     except Exception:  # a call that raises is judged by whoever owns the crash
@@ -333,10 +356,7 @@ def undeclared_randomness(case: Case) -> Defect | None:
     pairs += [(f"grad[{name!r}]", first.grads.get(name), second.grads.get(name)) for name in first.grads]
     for what, a, b in pairs:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and not same_bits(b, a):
-            return Defect(
-                "determinism", f"{what} differs between two calls with identical inputs [{case.spec.display_name}]",
-                ("Declare nondeterministic=True if the Function is random by design (dropout, noise, sampling).",),
-            )
+            return what
     return None
 
 

@@ -32,7 +32,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
-from hypothesis.errors import HypothesisException, InvalidArgument
+from hypothesis.errors import FlakyFailure, HypothesisException, InvalidArgument
 
 from conformance.engine import simplest
 from conformance.engine.defects import (
@@ -557,7 +557,10 @@ class Target:
             if examples == 1 and simplest.passes_simplest(property_, run_settings):
                 return  # a one-example run (a corner's, compile's): the engine's first example passed (engine.simplest)
             test._hypothesis_internal_use_settings = run_settings  # type: ignore[attr-defined]
-            test()
+            try:
+                test()
+            except FlakyFailure as flaky:
+                raise _intermittent(flaky) from None
 
         if self.literals is None:
             self.literals = snapshot([self.spec])[self.spec.name]
@@ -807,7 +810,7 @@ class Target:
             return  # a contract that asked itself is not asked again by the runner for the same failure
         with pinned_global_state(self.pinned):
             defect = undeclared_randomness(case)
-        if defect is not None:
+        if defect is not None and defect.owner != self.contract:  # layouts' own finding stands
             raise Blocked(defect, case)
         self.randomness_ruled_out = case
 
@@ -864,6 +867,23 @@ class Target:
         if self.context is not None:
             self.context.interpreter_limits.setdefault(str(limit), None)
         return True
+
+
+def _intermittent(flaky: FlakyFailure) -> BaseException:
+    """What a Function that failed once, and not when Hypothesis ran the same example again,
+    found: the first failure or block it raised (reading memory it does not own, a race, noise),
+    told as intermittent; Hypothesis' own error when it was something else."""
+    first = flaky.exceptions[0] if flaky.exceptions else None
+    if isinstance(first, ContractFailure):
+        first.head = (
+            f"{first.head}\n  intermittent: it did not fail again when the same example ran a second time (memory "
+            "read outside the Function's tensors, a race, or randomness)"
+        )
+        first.args = (first.head,)
+        return first
+    if isinstance(first, Blocked):
+        return first
+    return flaky
 
 
 def _innermost_frame(error: BaseException) -> Any:

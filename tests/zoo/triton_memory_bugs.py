@@ -5,6 +5,10 @@
   whatever lives next to it. The values returned are right. ``triton_scale`` masks with ``<``.
 * ``triton_unwritten_tail``: the backward allocates grad_x with ``torch.empty_like`` and launches
   ``numel // BLOCK`` programs without a tail mask, so the last partial block is never written.
+* ``triton_strided_grad_read``: the backward hands grad_output to the kernel as it comes (no
+  ``.contiguous()``), so a strided or stride-0 one is read as if it were contiguous, past its end:
+  its values change with whatever lies there. layouts' defect alone; the contracts that meet the
+  garbage as values differing between calls, or as a poisoned NaN, are blocked by it.
 
 Run with ``--impl=tests/zoo/triton_memory_bugs.py``; without CUDA the plugin selects the
 interpreter before this file is imported (it writes out of bounds into torch memory, like a GPU).
@@ -97,7 +101,24 @@ class UnwrittenTail(torch.autograd.Function):
         return _launch(_scale_no_tail, grad_output, full_grid=False)
 
 
-for fn, name in ((TritonScale, "triton_scale"), (StorePastEnd, "triton_store_past_end"), (UnwrittenTail, "triton_unwritten_tail")):
+class StridedGradRead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _launch(_scale, x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        grad_x = torch.empty(grad_output.shape, dtype=grad_output.dtype, device=grad_output.device)
+        numel = grad_output.numel()  # BUG: grad_output is read as if contiguous, whatever its strides
+        launch_grid(_scale, (triton.cdiv(numel, BLOCK),), grad_output, grad_x, numel, FACTOR=2.0, BLOCK=BLOCK)
+        return grad_x
+
+
+for fn, name in (
+    (TritonScale, "triton_scale"), (StorePastEnd, "triton_store_past_end"), (UnwrittenTail, "triton_unwritten_tail"),
+    (StridedGradRead, "triton_strided_grad_read"),
+):
     register(
         fn,
         name=name,

@@ -340,11 +340,15 @@ def cases(
         partial.recipes[spec_input.name] = draw_recipe(spec_input, draw, partial)
     recipes = list(partial.recipes.values())
 
-    if chosen.spacing:
+    # Declared kinks: no element on one in the tested dtype (tensor_from_seed), and with spacing,
+    # none within it of one.
+    if chosen.spacing or any(getattr(i, "kinks", ()) for i in spec.tensor_inputs):
         scalars = {r.name: r.value for r in recipes if isinstance(r, ScalarRecipe)}
         kinks = {i.name: resolve_kinks(i, scalars) for i in spec.tensor_inputs}
+        spacing = float(chosen.spacing)
         recipes = [
-            replace(r, spacing=float(chosen.spacing), kinks=kinks[r.name]) if isinstance(r, TensorRecipe) and r.layout != "expanded" else r
+            replace(r, spacing=spacing if r.layout != "expanded" else 0.0, kinks=kinks[r.name])
+            if isinstance(r, TensorRecipe) and (kinks[r.name] or (spacing and r.layout != "expanded")) else r
             for r in recipes
         ]
 

@@ -135,7 +135,8 @@ def tensor_from_seed(
     on the real line their magnitudes, sorted in row-major order: every dim increasing, so a
     blocked reduction's maximum lies in its last block). ``spacing > 0`` (for
     finite differences, see :func:`spread`): no two elements closer than ``spacing``, none
-    closer than ``spacing`` to a ``kinks`` location. Use it to rebuild any drawn input in a repro.
+    closer than ``spacing`` to a ``kinks`` location; with ``kinks`` at any spacing, no element lies
+    exactly on one in ``dtype`` (one rounding step off it). Use it to rebuild any drawn input in a repro.
     """
     _check_domain(domain)
     if pattern not in VALUE_PATTERNS:
@@ -147,7 +148,24 @@ def tensor_from_seed(
     if spacing and (constant_rows or pattern != "random"):
         raise InvalidArgument("spacing > 0 keeps values apart; it cannot be combined with constant_rows or a ties/near_zero pattern")
     values = _float64_values(tuple(int(s) for s in shape), int(seed), domain, float(scale), bool(constant_rows), pattern, float(spacing), tuple(kinks))
-    return values.to(dtype=dtype, device=device, copy=True)  # never the cached tensor itself: callers may write to it
+    made = values.to(dtype=dtype, device=device, copy=True)  # never the cached tensor itself: callers may write to it
+    return _off_kinks(made, values, kinks) if kinks and made.is_floating_point() else made
+
+
+def _off_kinks(made: torch.Tensor, exact: torch.Tensor, kinks: Sequence[float]) -> torch.Tensor:
+    """``made`` with each element that rounded onto a declared kink (bfloat16's 2.0 from a drawn
+    1.999) moved one rounding step of its dtype off it, to the side of its float64 value (up from
+    a value on it): at a kink no gradient is right or wrong, so no contract may compare one there."""
+    for kink in kinks:
+        at_kink = torch.tensor(float(kink), dtype=torch.float64).to(dtype=made.dtype, device=made.device)
+        on = made == at_kink
+        if not bool(on.any()):
+            continue
+        up = torch.nextafter(at_kink, torch.full_like(at_kink, math.inf))
+        down = torch.nextafter(at_kink, torch.full_like(at_kink, -math.inf))
+        below = exact.to(made.device) < float(at_kink.to(torch.float64))
+        made = torch.where(on, torch.where(below, down, up), made)
+    return made
 
 
 @functools.lru_cache(maxsize=512)

@@ -420,3 +420,50 @@ def test_a_value_within_the_cheap_budget_is_within_the_full_one(size: int, seed:
     rtol, atol = layout_tolerance(impl, 1.0)
     wider_rtol, wider_atol = layout_tolerance(impl, 1.0, noise=float(terms.max()))
     assert wider_rtol >= rtol and wider_atol >= atol
+
+
+class _ClampSquared(torch.autograd.Function):
+    """clamp(x, lo, hi)**2 with the derivative 0 on the bounds (torch's clamp takes the inside one)."""
+
+
+    @staticmethod
+    def forward(ctx, x, lo, hi):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        ctx.bounds = (lo, hi)
+        return x.clamp(lo, hi) ** 2
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        inside = (x > lo) & (x < hi)
+        return torch.where(inside, 2 * x.clamp(lo, hi) * grad, torch.zeros_like(grad)), None, None
+
+
+class _ClampSquaredWrong(_ClampSquared):
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        inside = (x > lo) & (x < hi)
+        return torch.where(inside, 2.5 * x.clamp(lo, hi) * grad, torch.zeros_like(grad)), None, None
+
+
+CLAMP_SQUARED = {
+    "inputs": [Tensor("x", "*batch n", kinks=("lo", "hi")), conformance.Scalar("lo", st.sampled_from([-1.0, 0.0])),
+               conformance.Scalar("hi", st.sampled_from([0.5, 2.0]))],
+    "reference": lambda x, lo, hi: x.clamp(lo, hi) ** 2,
+    "dtypes": (torch.float64, torch.float32, torch.float16, torch.bfloat16),
+    "device": "cpu", "contracts": ["reference"], "profile": "thorough", "seed": 2,
+}
+
+
+def test_a_correct_subgradient_at_a_declared_kink_passes_where_bfloat16_rounds_onto_it() -> None:
+    """A new user's trial: at the thorough profile, seed 2, a bfloat16 element rounded onto
+    clamp's bound 2.0, where this Function's derivative (0) and torch's (inside) differ and both
+    are right; reference failed it. No element is built on a declared kink now; a wrong gradient
+    off the kinks still fails."""
+    assert conformance.check(_ClampSquared, **CLAMP_SQUARED).passed
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_ClampSquaredWrong, **CLAMP_SQUARED)
+    assert [f.contract for f in raised.value.failures] == ["reference"], str(raised.value)

@@ -137,6 +137,29 @@ def test_cases_drawn_with_spacing_resolve_scalar_kinks_and_rebuild_from_source(d
     assert torch.equal(snippet["x"].detach(), case.args()[0].detach())
 
 
+def test_no_element_lies_on_a_declared_kink_in_the_dtype_it_is_built_in() -> None:
+    """bfloat16's grid puts a drawn 1.99 on clamp's bound 2.0, where no gradient is right or wrong
+    (a new user's correct clamp failed reference there): such an element moves one rounding step
+    off the kink, to the side of its float64 value; every other element is as drawn."""
+    plain = tensor_from_seed((64,), torch.bfloat16, seed=0, scale=2.0)
+    kinked = tensor_from_seed((64,), torch.bfloat16, seed=0, scale=2.0, kinks=(2.0,))
+    exact = tensor_from_seed((64,), torch.float64, seed=0, scale=2.0)
+    on = plain == 2.0
+    assert on.any()  # seed 0 rounds one element onto the kink: the case this test is about
+    assert not (kinked == 2.0).any()
+    assert torch.equal(kinked[~on], plain[~on])
+    steps = torch.where(exact[on] < 2.0, torch.tensor(1.9921875, dtype=torch.float64), torch.tensor(2.015625, dtype=torch.float64))
+    assert torch.equal(kinked[on].double(), steps)
+
+
+@FAST
+@given(data=st.data())
+def test_cases_carry_the_declared_kinks_without_spacing_too(data: st.DataObject) -> None:
+    case = data.draw(cases(CLIP_SPEC))
+    (x, clip) = case.recipes
+    assert x.spacing == 0.0 and x.kinks == (clip.value, -clip.value, 0.0)
+
+
 def _every_generated_tensor() -> list[torch.Tensor]:
     built = [tensor_from_seed((3, 4), torch.float32, seed=7, domain=d, pattern=p) for d in DOMAINS for p in ("random", "ties")]
     built.append(tensor_from_seed((3, 4), torch.float64, seed=7, pattern="near_zero"))

@@ -157,7 +157,7 @@ def _off_kinks(made: torch.Tensor, exact: torch.Tensor, kinks: Sequence[float]) 
     1.999) moved one rounding step of its dtype off it, to the side of its float64 value (up from
     a value on it): at a kink no gradient is right or wrong, so no contract may compare one there."""
     for kink in kinks:
-        at_kink = torch.tensor(float(kink), dtype=torch.float64).to(dtype=made.dtype, device=made.device)
+        at_kink = torch.tensor(float(kink), dtype=torch.float64, device="cpu").to(dtype=made.dtype, device=made.device)
         on = made == at_kink
         if not bool(on.any()):
             continue

@@ -144,7 +144,9 @@ class TensorRecipe(FloatingRecipe):
         if self.pattern != "random":
             extra += f", pattern={self.pattern!r}"
         if self.spacing:
-            extra += f", spacing={self.spacing!r}" + (f", kinks={self.kinks!r}" if self.kinks else "")
+            extra += f", spacing={self.spacing!r}"
+        if self.kinks:
+            extra += f", kinks={self.kinks!r}"
         text = (
             f"tensor_from_seed({self.shape!r}, {dtype}, seed={self.seed}, domain={self.domain!r}, "
             f"scale={self.scale!r}, device={device!r}{extra})"

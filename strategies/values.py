@@ -154,15 +154,20 @@ def tensor_from_seed(
 
 def _off_kinks(made: torch.Tensor, exact: torch.Tensor, kinks: Sequence[float]) -> torch.Tensor:
     """``made`` with each element that rounded onto a declared kink (bfloat16's 2.0 from a drawn
-    1.999) moved one rounding step of its dtype off it, to the side of its float64 value (up from
-    a value on it): at a kink no gradient is right or wrong, so no contract may compare one there."""
+    1.999) moved one rounding step of its dtype off it (off 0: to the smallest normal number), to
+    the side of its float64 value (up from a value on it): at a kink no gradient is right or
+    wrong, so no contract may compare one there."""
     for kink in kinks:
         at_kink = torch.tensor(float(kink), dtype=torch.float64, device="cpu").to(dtype=made.dtype, device=made.device)
         on = made == at_kink
         if not bool(on.any()):
             continue
-        up = torch.nextafter(at_kink, torch.full_like(at_kink, math.inf))
-        down = torch.nextafter(at_kink, torch.full_like(at_kink, -math.inf))
+        if float(kink) == 0.0:  # off 0 by the smallest normal number: a subnormal may be flushed back to 0
+            tiny = torch.finfo(made.dtype).tiny
+            up, down = torch.full_like(at_kink, tiny), torch.full_like(at_kink, -tiny)
+        else:
+            up = torch.nextafter(at_kink, torch.full_like(at_kink, math.inf))
+            down = torch.nextafter(at_kink, torch.full_like(at_kink, -math.inf))
         below = exact.to(made.device) < float(at_kink.to(torch.float64))
         made = torch.where(on, torch.where(below, down, up), made)
     return made

@@ -167,6 +167,54 @@ def test_a_missing_gradient_of_a_random_function_is_not_blocked_by_its_randomnes
     assert needs.outcome is Outcome.FAILED and needs.reason.startswith("grad['x']=None, but should be a Tensor"), needs
 
 
+class _SometimesNoisy(torch.autograd.Function):
+    """Undeclared randomness on about half the calls (a rarely taken random branch); it never
+    looks at strides."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + (1e-3 if float(torch.rand(())) < 0.5 else 0.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+class _NoisyTwoOutputs(torch.autograd.Function):
+    """Undeclared noise on output 0, and a backward that raises when output 1 is unused."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        return x * 2 + 1e-3 * torch.randn_like(x), x * 3
+
+    @staticmethod
+    def backward(ctx: Any, ga: torch.Tensor, gb: torch.Tensor) -> torch.Tensor:
+        return ga * 2 + gb * 3
+
+
+def test_randomness_that_shows_on_some_calls_is_determinisms_not_layouts() -> None:
+    """A review: the check that tells a strided read (layouts') from randomness ran each case
+    once, so a Function random on some calls only looked stable in contiguous layouts and layouts
+    failed it. Strided calls from the same RNG state agree for it: determinism's, layouts blocked."""
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_SometimesNoisy, inputs=[Tensor("x", "m n")], reference=lambda x: x * 2, dtypes=(torch.float32,),
+                          device="cpu", contracts=["determinism", "layouts"], profile="ci")
+    verdicts = {r.contract: r.verdict for r in raised.value.result.results}
+    assert verdicts["determinism"].outcome is Outcome.FAILED, verdicts
+    assert verdicts["layouts"].outcome is Outcome.BLOCKED and verdicts["layouts"].owner == "determinism", verdicts
+
+
+def test_a_crash_of_a_random_function_with_an_unused_output_is_undefined_grads_own() -> None:
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_NoisyTwoOutputs, inputs=[Tensor("x", "n")], reference=lambda x: (x * 2, x * 3), dtypes=(torch.float64,),
+                          device="cpu", contracts=["determinism", "undefined_grads"], profile="ci")
+    verdicts = {r.contract: r.verdict for r in raised.value.result.results}
+    assert verdicts["determinism"].outcome is Outcome.FAILED, verdicts
+    undefined = verdicts["undefined_grads"]
+    assert undefined.outcome is Outcome.FAILED and "when output[1] was unused" in undefined.reason, undefined
+
+
 def test_a_backward_that_changes_its_state_is_inplaces_and_blocks_gradchecks_reentrancy(conformance_run) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run(ZOO / "gradcheck_bugs.py", "-k", "counting_scale", contracts=("gradcheck", "inplace", "determinism"))
     assert "on the second backward != first backward" in run.failed("inplace", "counting_scale")

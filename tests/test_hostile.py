@@ -105,13 +105,21 @@ def test_the_matrix_keeps_one_failure_per_run_ending_in_contract_order() -> None
     matrix.record("exits", "cpu", "return_count", Cell("failed", reason=late.summary, rerun="pytest return_count"))
     matrix.record("exits", "cpu", "global_state", Cell("failed", reason=exit_.summary, rerun="pytest global_state"))
     matrix.record("exits", "cpu", "reference", Cell("failed", reason="output[0] differs"))
+    # Blocked at run time by the later noter's act, or by a defect of its own: only the first moves.
+    by_act = Cell("blocked", reason=f"blocked by return_count: {late.summary}", owner="return_count")
+    by_other = Cell("blocked", reason="blocked by return_count: grad['x'].shape=(2,), but should be (3,)", owner="return_count")
+    matrix.record("exits", "cpu", "autocast", by_act)
+    matrix.record("exits", "cpu", "layouts", by_other)
     matrix.record("dies", "cpu", "gradcheck", Cell("failed", reason="the process died"))
     blocked = Cell("blocked", reason="blocked by gradcheck: the process died", owner="gradcheck")
     matrix.record("dies", "cpu", "inplace", blocked)
     died = RunEnding("death", "gradcheck", "the process died", "")
     endings = {("exits", "cpu"): [exit_, late], ("dies", "cpu"): [died, RunEnding("death", "inplace", "the process died", "")]}
 
-    assert matrix.one_failure_per_ending(endings) == [("exits", "cpu", "return_count")]
+    assert matrix.one_failure_per_ending(endings) == [("exits", "cpu", "autocast"), ("exits", "cpu", "return_count")]
+    moved = matrix.cell("exits", "cpu", "autocast")
+    assert moved is not None and moved.outcome == "blocked" and moved.owner == "global_state", moved
+    assert matrix.cell("exits", "cpu", "layouts") == by_other
 
     cell = matrix.cell("exits", "cpu", "return_count")
     assert cell is not None and cell.outcome == "blocked" and cell.owner == "global_state", cell

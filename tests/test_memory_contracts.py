@@ -8,8 +8,11 @@ import os
 import pytest
 import torch
 
+import conformance
+from conformance import Tensor
 from conformance.engine.memory import AllocationPolicy, Allocations, padded_copy, saved_storages, unwritten_elements
 from conformance.engine.probe import guarded
+from conformance.engine.verdict import Outcome
 from tests.conftest import ZOO
 
 MEMORY_CONTRACTS = ("unwritten_memory", "out_of_bounds", "saved_memory")
@@ -294,3 +297,44 @@ def test_a_store_past_the_end_of_an_allocation_lands_in_its_margin_and_is_report
         "wrote 2 element(s) past the end of a buffer from torch.empty(3,) in forward "
         "(element offsets after its last element: +0, +1)"
     )
+
+
+class _TailEverywhere(torch.autograd.Function):
+    """Leaves the last element of its output unwritten, in every layout."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out.view(-1)[:-1] = (x * 2).reshape(-1)[:-1]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad * 2
+
+
+class _TailOnlyStrided(_TailEverywhere):
+    """A path for strided inputs that forgets the last element."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        end = None if x.is_contiguous() else -1
+        out.view(-1)[:end] = (x * 2).reshape(-1)[:end]
+        return out
+
+
+@pytest.mark.parametrize(("fn", "owner"), [(_TailEverywhere, "unwritten_memory"), (_TailOnlyStrided, "layouts")])
+def test_memory_left_unwritten_only_with_strided_inputs_is_layouts_and_says_so_plainly(fn, owner) -> None:  # type: ignore[no-untyped-def]
+    """Unwritten elements the same case in contiguous layouts does not have are layouts' finding;
+    the message names both causes (a strided-only path, a read from outside a strided tensor)
+    instead of claiming the read. Unwritten in every layout: unwritten_memory's."""
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(fn, inputs=[Tensor("x", "m n")], reference=lambda x: x * 2, dtypes=(torch.float32,), device="cpu",
+                          contracts=["layouts", "out_of_bounds", "unwritten_memory"], profile="ci")
+    verdicts = {r.contract: r.verdict for r in raised.value.result.results}
+    assert [c for c, v in verdicts.items() if v.outcome is Outcome.FAILED] == [owner], verdicts
+    if owner == "layouts":
+        blocked = verdicts["unwritten_memory"]
+        assert blocked.outcome is Outcome.BLOCKED and blocked.owner == "layouts", blocked
+        assert "with strided inputs or grad_outputs, but not with contiguous ones" in blocked.reason, blocked.reason

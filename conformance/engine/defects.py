@@ -296,12 +296,13 @@ def unwritten_defect(execution: Execution) -> Defect:
     if execution.unwritten_only_strided:
         return Defect(
             "layouts",
-            f"{first.what}{list(first.index)}={first.poison} from memory outside the Function's tensors, with strided "
-            f"inputs or grad_outputs but not contiguous ones ({first.count} of {first.total} elements) [{fn_name}.{phase}]",
+            f"{first.what}{list(first.index)}={first.poison} from a poisoned allocation with strided inputs or "
+            f"grad_outputs, but not with contiguous ones ({first.count} of {first.total} elements) [{fn_name}.{phase}]",
             (
-                "With the same case in contiguous layouts every element is written; with these layouts some hold a "
-                "poisoned allocation's NaN, which the Function read from outside a strided or stride-0 input or "
-                "grad_output (a kernel that assumes contiguous memory). Call .contiguous() before such a kernel.",
+                "With the same case in contiguous layouts every element is written. Either the Function's path for "
+                "strided tensors leaves these elements unwritten, or it copies them from outside a strided or "
+                "stride-0 input or grad_output that it reads as contiguous (a kernel that assumes contiguous "
+                "memory: call .contiguous() before it).",
                 f"Also: {others}." if others else "",
             ),
         )

@@ -99,8 +99,8 @@ class Execution:
     # Output/gradient elements that came from memory the Function never wrote (poisoned
     # allocations, confirmed by a zero-filled rerun): the unwritten_memory contract's finding.
     unwritten: list[Unwritten] = field(default_factory=list)
-    # Unwritten elements that the same case in contiguous layouts does not have: memory read
-    # outside a strided input or grad_output (layouts' finding), not a buffer left unwritten.
+    # Unwritten elements that the same case in contiguous layouts does not have (layouts' finding:
+    # a strided-only path leaves them, or the Function read them from outside a strided tensor).
     unwritten_only_strided: bool = False
     # What contracts concluded from this evaluation (Target.judged_once), shared by every record
     # of it the pool hands out; None for an evaluation the pool does not keep.

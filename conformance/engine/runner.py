@@ -873,7 +873,10 @@ def _intermittent(flaky: FlakyFailure) -> BaseException:
     """What a Function that failed once, and not when Hypothesis ran the same example again,
     found: the first failure or block it raised (reading memory it does not own, a race, noise),
     told as intermittent; Hypothesis' own error when it was something else."""
-    first = flaky.exceptions[0] if flaky.exceptions else None
+    # The contract's own failure first: a block among the origins must not hide it.
+    first = next((e for e in flaky.exceptions if isinstance(e, ContractFailure)), None) or next(
+        (e for e in flaky.exceptions if isinstance(e, Blocked)), None
+    )
     if isinstance(first, ContractFailure):
         first.head = (
             f"{first.head}\n  intermittent: it did not fail again when the same example ran a second time (memory "

@@ -235,16 +235,19 @@ class OutcomeMatrix:
         made = []
         for (function, device), noted in endings.items():
             row = self._rows.get((function, device), {})
-            first = noted[0] if noted else None
-            for ending in noted[1:]:
-                cell = row.get(ending.contract)
-                if first is None or cell is None or cell.outcome != "failed":
-                    continue
-                verdict = Verdict(Outcome.BLOCKED, first.summary, owner=first.contract, case=first.case, rerun=cell.rerun)
-                row[ending.contract] = Cell(
-                    outcome="blocked", reason=verdict.describe(), duration=cell.duration, rerun=cell.rerun, owner=first.contract,
-                )
-                made.append((function, device, ending.contract))
+            if not noted:
+                continue
+            first, later = noted[0], {ending.contract: ending for ending in noted[1:]}
+            for contract, cell in sorted(row.items()):
+                # A later noter's failure, and a cell blocked by a later noter's act (run order
+                # decided who noted first in time): both point at the first in contract order.
+                by_later_act = cell.outcome == "blocked" and cell.owner in later and later[cell.owner].summary in cell.reason
+                if (contract in later and cell.outcome == "failed") or by_later_act:
+                    verdict = Verdict(Outcome.BLOCKED, first.summary, owner=first.contract, case=first.case, rerun=cell.rerun)
+                    row[contract] = Cell(
+                        outcome="blocked", reason=verdict.describe(), duration=cell.duration, rerun=cell.rerun, owner=first.contract,
+                    )
+                    made.append((function, device, contract))
         return made
 
     def report_unowned_defects(self) -> list[tuple[str, str, str]]:

@@ -150,6 +150,9 @@ def test_no_element_lies_on_a_declared_kink_in_the_dtype_it_is_built_in() -> Non
     assert torch.equal(kinked[~on], plain[~on])
     steps = torch.where(exact[on] < 2.0, torch.tensor(1.9921875, dtype=torch.float64), torch.tensor(2.015625, dtype=torch.float64))
     assert torch.equal(kinked[on].double(), steps)
+    # Off 0 by the smallest normal number, not a subnormal (which hardware may flush back to 0).
+    zeros = tensor_from_seed((6,), torch.float16, seed=0, pattern="ties", scale=0.1, kinks=(0.0,))
+    assert not (zeros == 0).any() and bool((zeros.abs() >= torch.finfo(torch.float16).tiny).all()), zeros
 
 
 @FAST
@@ -158,6 +161,7 @@ def test_cases_carry_the_declared_kinks_without_spacing_too(data: st.DataObject)
     case = data.draw(cases(CLIP_SPEC))
     (x, clip) = case.recipes
     assert x.spacing == 0.0 and x.kinks == (clip.value, -clip.value, 0.0)
+    assert f"kinks={x.kinks!r}" in case.repro()  # the repro rebuilds the element moved off a kink, not the one on it
 
 
 def _every_generated_tensor() -> list[torch.Tensor]:

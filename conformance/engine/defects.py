@@ -288,7 +288,7 @@ def _describe_return(value: Any) -> str:
 def unwritten_defect(execution: Execution) -> Defect:
     """Output or gradient elements read from memory the Function never wrote, owned by
     ``unwritten_memory`` (see :mod:`conformance.engine.memory`); by ``layouts`` where only strided
-    inputs or grad_outputs leave them (the Function read outside such a tensor)."""
+    inputs or grad_outputs leave them (a path for strided tensors, or a read outside one)."""
     first = execution.unwritten[0]
     fn_name = execution.case.spec.display_name
     phase = "forward" if first.what.startswith("output") else "backward"

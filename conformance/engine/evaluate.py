@@ -208,27 +208,18 @@ def execute(
         execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
         plain = case.in_contiguous_layouts()
         if execution.unwritten and plain is not case and grad_outputs is None:
-            execution.unwritten_only_strided = not _has_unwritten(plain, options, policy)
+            rng_after = rng_states()
+            try:
+                in_plain_layouts = execute(
+                    plain, dtype=dtype, device=device, requires_grad=requires_grad, backward=backward, fn=fn,
+                    retain_graph=retain_graph,
+                )
+                execution.unwritten_only_strided = not in_plain_layouts.unwritten
+            except Exception:  # the plain case fails otherwise: that says nothing about the strided one's memory
+                pass
+            finally:
+                set_rng_states(rng_after)
     return execution
-
-
-def _has_unwritten(case: Case, options: _Options, policy: AllocationPolicy) -> bool:
-    """Whether ``case`` leaves output or gradient elements unwritten (as :func:`execute` finds them)."""
-    rng_before = rng_states()
-    try:
-        with kept_flags():
-            poisoned = _execute(case, options, (None, None), policy, False)
-        if not poison_candidates(poisoned.observed()):
-            return False
-        zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
-
-        def zeroed() -> Execution:
-            with kept_flags():
-                return _execute(case, options, (None, None), zeros, False)
-
-        return bool(_confirm_unwritten(poisoned, rng_before, zeroed))
-    except Exception:  # the plain case fails otherwise: that says nothing about the strided one's memory
-        return True
 
 
 @dataclass(frozen=True)

@@ -323,9 +323,9 @@ def undeclared_randomness(case: Case) -> Defect | None:
     after the other (torch's global RNG left alone), whose outputs or gradients differ, of a Function
     not declared ``nondeterministic``. One defect, one failure: a contract whose comparison of values
     fails on such a Function meets that defect, not one of its own (the runner asks, on failure).
-    Values that differ only where an input or grad_output is strided or stride-0 -- the same case in
-    contiguous layouts gives the same values twice -- are read from memory outside the tensor (a
-    kernel that assumes contiguous memory): the layouts contract's defect."""
+    Values that differ only where an input or grad_output is strided or stride-0 (see
+    :func:`_reads_outside_strided_tensors`) are read from memory outside the tensor (a kernel that
+    assumes contiguous memory): the layouts contract's defect."""
     if case.spec.nondeterministic:
         return None
     differs = _differs_from_itself(case)
@@ -360,13 +360,13 @@ def _differs_from_itself(case: Case, *, same_rng: bool = False) -> str | None:
     """What differs between two calls of ``case`` ("outputs[0]", "grad['x']"), or None;
     ``same_rng``: both calls start from the same states of torch's generators."""
     try:
-        before = rng_states()
+        before = rng_states() if same_rng else None
         first = execute(case)
-        if same_rng:
+        if before is not None:
             after = rng_states()
             set_rng_states(before)
         second = execute(case)
-        if same_rng:
+        if before is not None:
             set_rng_states(after)
     except Exception:  # a call that raises is judged by whoever owns the crash
         return None

@@ -145,7 +145,7 @@ def _judged_samples(found: Sequence[Sequence[Any]], truths: list[Any], baselines
                 continue
             values.append(Judged(
                 f"output[{position}] of sample {index}", "output", got, truths[index].outputs[position],
-                baselines[index].outputs[position], where, truths[index].output_terms.get(position),
+                baselines[index].outputs[position], where, truths[index].output_terms.get(position), truths[index].accumulation,
             ))
     return values
 

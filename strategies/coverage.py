@@ -274,7 +274,11 @@ def _corners(
     # factors cover pairs as any row's do.
     def kind_level(label: str, index: int, levels: int) -> int:
         # Many rows reach the block loops of a row-tiled kernel: every gradient is computed there
-        # (requires_grad class 0: every input); the other corners take the subsets in turn.
+        # (requires_grad class 0: every input); the other corners take the subsets in turn. There
+        # a sum over the rows meets grad_outputs whose terms never cancel (the last kind,
+        # ``constant``), where an accumulator in the tested half precision is off by many steps.
+        if label == GRAD_KIND_LABEL and index in big_batches:
+            return levels - 1
         if label != REQUIRES_GRAD_LABEL:
             return index % levels
         return 0 if index in big_batches else (index - sum(1 for i in big_batches if i < index)) % levels

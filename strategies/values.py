@@ -387,7 +387,7 @@ def index_from_seed(
     return index.to(device)
 
 
-GRAD_OUTPUT_KINDS = ("random", "zeros", "scaled", "per_row", "noncontiguous", "expanded")
+GRAD_OUTPUT_KINDS = ("random", "zeros", "scaled", "per_row", "noncontiguous", "expanded", "constant")
 
 
 def grad_output_from_seed(
@@ -403,7 +403,9 @@ def grad_output_from_seed(
 
     kinds: ``random`` / ``scaled`` (normal * scale), ``zeros``, ``per_row`` (each leading-dim row
     scaled by a different power of ten), ``noncontiguous`` (random values in a transposed or
-    strided layout) and ``expanded`` (a stride-0 constant, as ``y.sum().backward()`` produces).
+    strided layout), ``expanded`` (a stride-0 constant, as ``y.sum().backward()`` produces) and
+    ``constant`` (one value from the seed, of magnitude 0.5 to a few, everywhere, contiguous:
+    terms that never cancel, so an accumulator's rounding adds up instead of averaging out).
     """
     if kind not in GRAD_OUTPUT_KINDS:
         raise InvalidArgument(f"kind={kind!r} must be one of {GRAD_OUTPUT_KINDS}")
@@ -412,6 +414,9 @@ def grad_output_from_seed(
         return torch.zeros(shape, dtype=dtype, device=device)
     if kind == "expanded":
         return torch.full((), scale, dtype=dtype, device=device).expand(shape)
+    if kind == "constant":
+        drawn = float(tensor_from_seed((1,), torch.float64, seed=seed)[0])
+        return torch.full(shape, math.copysign(0.5 + abs(drawn), drawn) * scale, dtype=dtype, device=device)
     values = tensor_from_seed(shape, torch.float64, seed=seed, scale=scale)
     if kind == "per_row" and values.ndim >= 1 and shape[0] > 0:
         generator = torch.Generator(device="cpu").manual_seed(int(seed) + 1)

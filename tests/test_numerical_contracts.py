@@ -30,6 +30,7 @@ from conformance.engine.numerics import (
     ulp,
 )
 from conformance.engine.report import ContractFailure, fail
+from conformance.engine.terms import TermMagnitudes
 from conformance.engine.verdict import Outcome
 from conformance.spec import MAX_TOLERANCE, registered
 from strategies.values import tensor_from_seed
@@ -132,6 +133,17 @@ def test_a_half_precision_accumulator_that_overflows_to_zeros_fails_stability(zo
         run.passed(contract, "rms_norm_float32_accumulator")
 
 
+def test_a_half_precision_accumulator_over_many_rows_fails_reference(zoo_run) -> None:  # type: ignore[no-untyped-def]
+    # The corner with many rows draws constant grad_outputs: their sum's rounding adds up in a
+    # half accumulator. The float32 twin adds the rows one after the other too, and passes.
+    run = zoo_run("half_accumulation")
+    text = run.failed("reference", "bias_add_half_accumulator")
+    assert "max|grad['bias'] - reference|=" in text and "for float32 sums of up to" in text, text
+    run.passed("stability", "bias_add_half_accumulator")
+    for contract in ("stability", "reference"):
+        run.passed(contract, "bias_add_float32_accumulator")
+
+
 def test_an_output_of_another_dtype_than_the_references_fails_reference(zoo_run) -> None:  # type: ignore[no-untyped-def]
     # Right values in float32 for float16 inputs, where the reference (torch.logsumexp) gives float16.
     run = zoo_run("half_accumulation")
@@ -179,6 +191,64 @@ def test_floor_lets_an_exact_reference_pass() -> None:
     assert compare_budget(impl, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is None
     wrong = impl + ulp(float(truth.abs().max()), torch.float16) * 3  # 3 rounding steps everywhere
     assert compare_budget(wrong, truth, baseline, torch.float16, k=2, what="output[0]", where="test") is not None
+
+
+def _term_bound(function) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """The largest term bound of ``function()``'s result and the longest chain of additions."""
+    mode = TermMagnitudes()
+    with mode:
+        result = function()
+    return float(mode.of(result).max()), mode.accumulation
+
+
+def test_term_bounds_follow_masks_and_losses() -> None:
+    """A loss made of logits of size ~2 is computed from terms that size, however its reference is
+    written: F.cross_entropy (torch's nll_loss decomposition: torch.where(mask, x, 0)), a bool mask
+    multiplied in. Both once started afresh from |loss| (0.4, a trial's false failure)."""
+    logits = torch.tensor([[2.0763, -0.7480], [0.3, 1.2]], dtype=torch.float64)
+    target = torch.tensor([0, 1])
+    keep = torch.tensor([True, False])
+    log_probs = lambda: torch.log_softmax(logits, -1)  # noqa: E731
+    gathered, _ = _term_bound(lambda: (-log_probs().gather(1, target[:, None])).sum())
+    assert gathered > 2.0
+    for written in (
+        lambda: torch.nn.functional.cross_entropy(logits, target, reduction="sum"),
+        lambda: torch.nn.functional.cross_entropy(logits, torch.tensor([0, -100])),
+        lambda: (log_probs()[:, 0] * keep).sum(),
+        lambda: torch.where(keep, log_probs()[:, 0], 0.0).sum(),
+    ):
+        assert _term_bound(written)[0] > 2.0
+
+
+def test_the_longest_chain_of_additions_is_counted() -> None:
+    """A sum of n terms may take n - 1 additions in sequence, a product k - 1 over its inner dim;
+    chained, they add up. Elementwise ops add none."""
+    x = torch.ones(6, 5, dtype=torch.float64)
+    assert _term_bound(lambda: x * 2 + 1)[1] == 0
+    assert _term_bound(lambda: x.sum(0))[1] == 5
+    assert _term_bound(lambda: x.sum())[1] == 29
+    assert _term_bound(lambda: x @ torch.ones(5, 3, dtype=torch.float64))[1] == 4
+    assert _term_bound(lambda: (x @ torch.ones(5, 3, dtype=torch.float64)).sum(0))[1] == 4 + 5
+
+
+def test_any_float32_summation_order_is_within_budget_a_half_accumulator_is_not() -> None:
+    """Constant terms do not cancel: summed one after the other, float32 is off by up to (n - 1)
+    float32 steps of the total (beyond plain PyTorch's pairwise sum and the floor: this failed a
+    correct kernel before), a float16 accumulator by many float16 steps."""
+    rows = torch.full((1000, 1), 0.1, dtype=torch.float64)
+    truth = rows.sum(0)
+    sequential = torch.zeros(1, dtype=torch.float32)
+    for row in rows.to(torch.float32):
+        sequential += row
+    baseline = rows.to(torch.float32).sum(0)
+    budget = dict(terms=truth.abs(), k=3, what="grad['bias']", where="test")
+    assert compare_budget(sequential, truth, baseline, torch.float32, **budget) is not None  # type: ignore[arg-type]
+    assert compare_budget(sequential, truth, baseline, torch.float32, accumulation=999, **budget) is None  # type: ignore[arg-type]
+    half = torch.zeros(1, dtype=torch.float16)
+    for row in rows.to(torch.float16):
+        half += row
+    found = compare_budget(half, truth, rows.to(torch.float16).sum(0), torch.float16, accumulation=999, **budget)  # type: ignore[arg-type]
+    assert found is not None and "for float32 sums of up to 1000 terms in any order" in found.summary, found
 
 
 class _TinyScaleZeroGrad(torch.autograd.Function):

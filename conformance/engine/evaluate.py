@@ -566,13 +566,15 @@ class Evaluated:
 
     ``terms`` (truth only, see :mod:`conformance.engine.terms`): per output position / gradient name,
     the running error bound of each value in rounding units -- how large the terms are that it
-    was computed from.
+    was computed from; ``accumulation``: the longest chain of additions behind any of them
+    (:attr:`conformance.engine.terms.TermMagnitudes.accumulation`).
     """
 
     outputs: tuple[Any, ...]
     grads: dict[str, torch.Tensor | None]
     output_terms: dict[int, torch.Tensor] = field(default_factory=dict)
     grad_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    accumulation: int = 0
 
 
 def evaluate(
@@ -622,6 +624,7 @@ def evaluate_with_terms(
         if isinstance(out, torch.Tensor) and out.is_floating_point()
     }
     result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
+    result.accumulation = mode.accumulation
     return result
 
 

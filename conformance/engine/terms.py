@@ -19,6 +19,12 @@ which is what its own rounding is relative to. The shadow of a result never fall
 The comparison layer uses the largest shadow of a result as the scale of its rounding-step floor
 (:func:`conformance.engine.numerics.compare_budget`). A wrong kernel is off by O(1) of the result's
 terms, a correct one by a few rounding steps of them.
+
+The shadow charges a sum one rounding of its terms, as a pairwise or blocked sum nearly leaves it.
+A kernel that adds n terms one after the other in float32 (a loop over row blocks) leaves up to
+``(n - 1)`` float32 rounding steps of them, and shows it where the terms do not cancel (a constant
+grad_output). :attr:`TermMagnitudes.accumulation` is the longest chain of float32 additions any
+summation order may take on the way to a result: the reduction lengths along the way, added.
 """
 
 from __future__ import annotations
@@ -57,6 +63,12 @@ class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # tor
         super().__init__()  # type: ignore[no-untyped-call]
         # id -> (tensor, bound); the tensor is kept alive so the id stays its own.
         self._bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._chains: dict[int, int] = {}  # id -> additions in sequence behind it (ids of _bounds' tensors)
+        self.accumulation = 0  # the longest such chain of any result
+
+    def _chain(self, value: Any) -> int:
+        entry = self._bounds.get(id(value)) if isinstance(value, torch.Tensor) else None
+        return self._chains.get(id(value), 0) if entry is not None and entry[0] is value else 0
 
     def of(self, tensor: torch.Tensor) -> torch.Tensor:
         entry = self._bounds.get(id(tensor))
@@ -97,6 +109,9 @@ class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # tor
         bounds, _ = tree_flatten(bound) if bound is not None else ([None] * len(outs), None)
         if len(bounds) != len(outs):
             bounds = [None] * len(outs)
+        inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        chain = max((self._chain(a) for a in inputs), default=0) + _additions(func, args, out)
+        self.accumulation = max(self.accumulation, chain)
         for result, carried in zip(outs, bounds):
             if not _is_float(result):
                 continue
@@ -105,6 +120,7 @@ class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # tor
                 carried = carried.to(result.dtype).abs()
                 fresh = torch.where(torch.isfinite(carried), torch.maximum(carried, fresh), fresh)
             self._bounds[id(result)] = (result, fresh)
+            self._chains[id(result)] = chain
         return out
 
     def _propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
@@ -145,8 +161,8 @@ class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # tor
             if name in ("addmm", "baddbmm", "addbmm", "addmv"):
                 bound = bound * abs(kwargs.get("alpha", 1)) + abs(kwargs.get("beta", 1)) * (error(args[0]) + magnitude(args[0]))
             return bound
-        if name == "where":
-            return aten.where.self(args[0], error(args[1]), error(args[2]))
+        if name == "where":  # either branch may be a number (torch.where(mask, x, 0))
+            return torch.where(args[0], error(args[1]), error(args[2]))
         if name == "masked_fill":
             return aten.masked_fill.Scalar(error(args[0]), args[1], 0.0)
         if name == "_softmax_backward_data":  # P * (g - sum(g * P)): the terms are |g| and sum|g * P|
@@ -177,6 +193,36 @@ class TermMagnitudes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # tor
         return (up - down).abs() / (2 * _PROBE) + out.detach().abs()
 
 
+def _additions(func: Any, args: Any, out: Any) -> int:
+    """How many additions one result of ``func`` may take in sequence: ``n - 1`` for a sum of n
+    terms (a reduction, a product's inner dim, a convolution's window), else 0."""
+    try:
+        return max(_terms_per_result(func.overloadpacket.__name__.rstrip("_"), args, out) - 1, 0)
+    except (AttributeError, IndexError, TypeError):
+        return 0
+
+
+def _terms_per_result(name: str, args: Any, out: Any) -> int:
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if name == "cumsum" or name.endswith("softmax_backward_data"):  # along args[1] / args[2]
+        dim = args[1] if name == "cumsum" else args[2]
+        return int(first.shape[dim]) if first is not None and first.dim() else 1
+    if name in _LINEAR_REDUCTIONS:
+        results = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        return int(first.numel()) // max(int(results[0].numel()), 1) if first is not None and results else 1
+    if name in _PRODUCTS and name != "outer":
+        a = args[-2]
+        return int(a.shape[-1]) if isinstance(a, torch.Tensor) and a.dim() else 1
+    if name == "convolution":  # (input, weight, ...): a window of in_channels / groups * kernel
+        return int(args[1].numel()) // max(int(args[1].shape[0]), 1)
+    if name == "convolution_backward":  # (grad_output, input, weight, ...): also over batch and positions
+        grad, weight = args[0], args[2]
+        return max(int(grad.numel()) // max(int(grad.shape[1]), 1), int(weight.numel()) // max(int(weight.shape[1]), 1))
+    if name in ("index_add", "scatter_add"):  # (self, dim, index, source): any number of sources may meet
+        return int(args[3].numel())
+    return 1
+
+
 def _decomposition(func: Any) -> Any:
     """A Python decomposition of a fused op the rules do not cover, or None."""
     name = func.overloadpacket.__name__
@@ -188,7 +234,10 @@ def _decomposition(func: Any) -> Any:
 
 
 def _magnitude(value: Any) -> Any:
-    return value.detach().abs() if isinstance(value, torch.Tensor) else abs(value) if isinstance(value, (int, float)) else value
+    if isinstance(value, torch.Tensor):  # a bool or integer tensor (a mask, a count) is exact: its |value|
+        value = value.detach()
+        return value.abs() if value.is_floating_point() or value.is_complex() else value.to(torch.float64).abs()
+    return abs(value) if isinstance(value, (int, float)) else value
 
 
 # Ops that only move, select or copy values: bounds move with them.

@@ -3,6 +3,11 @@ accumulates in float32: a hurried kernel's classic. In float16 the accumulator o
 once |x| reaches a few hundred, rsqrt(inf) is 0, and every output and gradient of that row is a
 finite 0 where the truth is of order 1. Ordinary magnitudes never reach it.
 
+A bias-add whose bias gradient is summed over the rows one row after the other, in the gradient's
+own dtype, and its twin that sums in float32 (float64 for float64), one row after the other too:
+over many rows with grad_outputs that do not cancel, a half-precision accumulator is off by many
+rounding steps; the float32 one, sequential as it is, stays within the budget.
+
 A logsumexp over the last dim that accumulates in float32 and returns that float32 result for
 float16 inputs (the downcast forgotten), and its twin that returns the input's dtype: the values
 are right, the dtype is not the reference's."""
@@ -93,3 +98,27 @@ def _logsumexp(downcast: bool) -> type[torch.autograd.Function]:
 for _downcast, _name in ((False, "logsumexp_float32_result"), (True, "logsumexp_input_dtype_result")):
     register(_logsumexp(_downcast), name=_name, inputs=[Tensor("x", "*batch n")], reference=lambda x: torch.logsumexp(x, -1),
              dtypes=DTYPES, double_backward=False)
+
+
+def _bias_add(accumulator_of: Any) -> type[torch.autograd.Function]:
+    class BiasAdd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return x + bias
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = grad_output.reshape(-1, grad_output.shape[-1])
+            total = torch.zeros(rows.shape[-1], dtype=accumulator_of(grad_output.dtype), device=rows.device)
+            for row in rows:  # a row at a time, as a kernel's loop over row blocks
+                total += row.to(total.dtype)
+            return grad_output, total.to(grad_output.dtype)
+
+    return BiasAdd
+
+
+for _accumulator_of, _name in ((lambda dtype: dtype, "bias_add_half_accumulator"),
+                               (lambda dtype: torch.promote_types(dtype, torch.float32), "bias_add_float32_accumulator")):
+    register(_bias_add(_accumulator_of), name=_name, inputs=[Tensor("x", "*batch d"), Tensor("bias", "d")],
+             reference=lambda x, bias: x + bias, dtypes=(*DTYPES, torch.bfloat16), double_backward=False)

@@ -137,6 +137,10 @@ def test_a_gradient_reduced_over_some_broadcast_dims_gets_the_reduction_hint() -
     execution = _execution(torch.ones(5, 3, dtype=torch.float64), w, None, outputs=outputs)
     (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
     assert "was not broadcast to (5, 3)" in defect.details[0]
+    # Reduced too far (a trial: the other hint blamed the order of the gradients).
+    execution = _execution(torch.ones((), dtype=torch.float64), w, None, outputs=outputs)
+    (defect,) = structural_defects(execution.case, execution.recorder.last, execution.args, execution.outputs)
+    assert "fewer elements or dims than 'x'" in defect.details[0] and "order" not in defect.details[0]
 
 
 def test_a_broadcast_gradient_is_grad_metas_with_the_reduction_hint() -> None:

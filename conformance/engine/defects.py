@@ -229,6 +229,12 @@ def structural_defects(
                     "(grad.sum_to_size(input.shape)). The autograd "
                     "engine silently does this for you, which hides the bug from gradcheck."
                 )
+            elif grad.numel() < arg.numel() or (grad.numel() == arg.numel() and grad.dim() < arg.dim()):
+                hint = (
+                    f"The gradient has fewer elements or dims than {recipe.name!r}: backward reduced over a dim the "
+                    "input has itself (a sum over every dim, or without keepdim=True). Reduce over the broadcast "
+                    "dims only, to the input's shape (grad.sum_to_size(input.shape))."
+                )
             else:
                 hint = (
                     f"{recipe.name!r} was not broadcast to {tuple(grad.shape)} here, so summing would not make it "

@@ -235,7 +235,8 @@ def _check_twice_differentiable(
     fail(
         f"{summary}: {located.entry(f'grad[{grad_name!r}]', plain_labels[against])} [{mode}]",
         *((cause,) if cause else ()),
-        *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck"),
+        # The pattern's words are for first derivatives; a named cause explains second ones better.
+        *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck", with_pattern=not cause),
     )
 
 

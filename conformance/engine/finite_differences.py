@@ -136,11 +136,11 @@ class JacobianMismatch:
             f"{self.numerical:.6g} (numerical); {differ}"
         )
 
-    def details(self, output_name: str, input_name: str, check: str) -> tuple[str, ...]:
-        """The report's lines after its summary: the pattern, the worst entry's row, and where the
-        full Jacobians are."""
+    def details(self, output_name: str, input_name: str, check: str, *, with_pattern: bool = True) -> tuple[str, ...]:
+        """The report's lines after its summary: the pattern (unless a named cause says more), the
+        worst entry's row, and where the full Jacobians are."""
         return (
-            *((self.pattern,) if self.pattern else ()),
+            *((self.pattern,) if self.pattern and with_pattern else ()),
             f"The worst entry's row: {self.row}.",
             f"Rows are the elements of {output_name}, columns those of {input_name}, flattened; {check}(fn, inputs, "
             "eps=1e-6) prints both Jacobians in full.",

@@ -15,6 +15,13 @@
   gradients stay as they were. ``ctx.save_for_backward(x.data)`` saves an alias outside the
   input's version counter: backward silently reads the new values (a wrong gradient after an
   optimizer step or a reused buffer), which gradcheck never sees.
+* Per-call state lives on ctx: two forwards before their backwards (micro-batches in a pipeline,
+  activation checkpointing, a model that calls the Function twice) give each call the gradients
+  it gets alone. State kept elsewhere -- on the Function class, in a module global, in a cache
+  keyed by shape -- is overwritten by the second forward, and the first backward silently reads
+  the second call's values (gradcheck, which runs one call at a time, cannot see it). The second
+  call is the case with other values (every floating tensor input and grad_output from another
+  seed); results are compared bitwise, as the determinism contract compares two calls.
 * After backward without retain_graph, once the caller drops its outputs, the outputs and the
   graph node (ctx) are freed: a Function that keeps them alive (a module-level cache of
   outputs or contexts, a reference cycle the collector cannot break) leaks a whole graph per
@@ -24,6 +31,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 from typing import Any
@@ -34,11 +42,13 @@ from hypothesis import strategies as st
 from conformance.engine.contract import contract
 from conformance.engine.defects import require_sound
 from conformance.engine.evaluate import forward, gradients, unversioned_saves
-from conformance.engine.harness import Execution, differentiable_positions
+from conformance.engine.harness import Execution, differentiable_positions, random_state
 from conformance.engine.held import Held, owner_of
+from conformance.engine.numerics import same_bits
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from strategies.cases import Case
+from strategies.recipes import TensorRecipe
 
 
 def _forward_backward_and_drop(case: Case) -> tuple[list[weakref.ref[Any]], list[str]]:
@@ -141,6 +151,7 @@ def check_saved_tensors(target: Target, data: st.DataObject) -> None:
             "outside the input's version counter. Save the tensor itself, or a copy (x.clone()) when forward must "
             "keep its values.",
         )
+    _check_interleaved(target, case)
     refs, labels = _forward_backward_and_drop(case)
     if any(ref() is not None for ref in refs):
         # Reference counting frees an acyclic graph at once; only a survivor needs the (slow,
@@ -157,6 +168,66 @@ def check_saved_tensors(target: Target, data: st.DataObject) -> None:
             "(and every tensor it saved).",
         )
     target.checked()
+
+
+def second_call(case: Case) -> Case:
+    """``case`` with other values: every floating tensor input and its grad_outputs from another seed
+    (masks, indices and Python values as they were)."""
+    recipes = tuple(dataclasses.replace(r, seed=r.seed + 1) if isinstance(r, TensorRecipe) else r for r in case.recipes)
+    return dataclasses.replace(case, recipes=recipes, grad_seed=case.grad_seed + 1)
+
+
+def _grads_of(case: Case, outputs: tuple[Any, ...], leaves: list[Any]) -> list[torch.Tensor | None]:
+    positions = differentiable_positions(outputs)
+    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not positions or not wrt:
+        return []
+    diff_outputs = [outputs[p] for p in positions]
+    return [g.detach() if g is not None else None for g in gradients(diff_outputs, wrt, case.grad_outputs(diff_outputs))]
+
+
+def _alone(case: Case) -> list[torch.Tensor | None]:
+    leaves = case.args()
+    return _grads_of(case, forward(case, leaves, how="guarded").outputs, leaves)
+
+
+def _check_interleaved(target: Target, case: Case) -> None:
+    """Fail unless each of two calls whose forwards both run before either backward gets the
+    gradients it gets alone (see the module docstring)."""
+    if target.spec.nondeterministic:
+        return  # random draws depend on the order of calls: nothing to compare bitwise
+    other = second_call(case)
+    if other == case or not any(isinstance(r, TensorRecipe) and r.shape and all(r.shape) for r in case.recipes):
+        return  # no values to tell the two calls apart
+    with random_state(target.spec, case):
+        first_alone = _alone(case)
+        first_leaves, second_leaves = case.args(), other.args()
+        first_outputs = forward(case, first_leaves, how="guarded").outputs
+        second_outputs = forward(other, second_leaves, how="guarded").outputs
+        try:
+            first = _grads_of(case, first_outputs, first_leaves)
+        except Exception as error:
+            _interleaved_failure(target, case, f"the first call's backward raised {type(error).__name__}: {error}")
+        _grads_of(other, second_outputs, second_leaves)
+    names = [r.name for r in case.recipes if r.differentiable and r.name in case.requires_grad]
+    for name, got, alone in zip(names, first, first_alone):
+        if (got is None) != (alone is None) or (got is not None and alone is not None and not same_bits(got, alone)):
+            _interleaved_failure(target, case, f"grad[{name!r}] of the first call differs from the same call's alone")
+
+
+def _interleaved_failure(target: Target, case: Case, what: str) -> None:
+    __tracebackhide__ = True
+    target.blocked_by_undeclared_randomness(case)  # values that differ between identical calls: determinism's
+    fail(
+        f"{what} when a second call's forward runs before the first call's backward, but should be the "
+        f"same [{target.spec.display_name}: forward(a), forward(b), backward(a)]",
+        "Backward read state that the second forward overwrote: something kept outside ctx (an attribute of "
+        "the Function class, a module global, a cache keyed by shape). Keep per-call state on ctx "
+        "(ctx.save_for_backward for tensors, ctx.<name> for Python values). Two forwards before their backwards "
+        "happen with micro-batches in a pipeline, activation checkpointing, and any model that calls the "
+        "Function twice.",
+        f"The second call: {second_call(case).describe()}.",
+    )
 
 
 @contract("saved_tensors")

@@ -164,8 +164,10 @@ def test_output_cache_leak_fails_saved_tensors(bugs) -> None:  # type: ignore[no
 
 # ------------------------------------------------------------------ saved_tensors: ctx hygiene (any depth, views)
 
-CTX_CORRECT = ("keeps_numpy_copy", "keeps_nested_metadata", "saves_for_backward", "saves_detached", "saves_clone")
-CTX_BUGS = ("tensor_three_deep", "numpy_view_of_input", "saves_input_data", "saves_input_data_once")
+CTX_CORRECT = (
+    "keeps_numpy_copy", "keeps_nested_metadata", "saves_for_backward", "saves_detached", "saves_clone", "mul_keeps_input_on_ctx",
+)
+CTX_BUGS = ("tensor_three_deep", "numpy_view_of_input", "saves_input_data", "saves_input_data_once", "mul_keeps_input_on_class")
 
 
 @pytest.fixture
@@ -201,6 +203,16 @@ def test_a_save_of_input_data_fails_saved_tensors_when_the_input_is_written_afte
     blocked = ctx_zoo.verdict("gradgradcheck", "saves_input_data")
     assert blocked.outcome == "skipped" and "blocked by saved_tensors: " in blocked.text, blocked.text
     ctx_zoo.passed("gradgradcheck", "saves_input_data_once")  # raises on double backward, as declared
+
+
+def test_state_kept_on_the_class_fails_saved_tensors_when_two_forwards_run_before_their_backwards(ctx_zoo) -> None:  # type: ignore[no-untyped-def]
+    """Backward reads x from a class attribute: one call at a time it is right (gradcheck and
+    reference pass); a second forward before the first backward gives the first the second's x."""
+    text = ctx_zoo.failed("saved_tensors", "mul_keeps_input_on_class")
+    assert "grad['w'] of the first call differs from the same call's alone when a second call's forward runs" in text, text
+    assert "forward(a), forward(b), backward(a)" in text and "attribute of the Function class" in text, text
+    for contract in ("gradcheck", "reference"):
+        ctx_zoo.passed(contract, "mul_keeps_input_on_class")
 
 
 def test_correct_ways_of_keeping_things_on_ctx_pass(ctx_zoo) -> None:  # type: ignore[no-untyped-def]

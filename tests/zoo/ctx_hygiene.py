@@ -182,3 +182,43 @@ register(CubeSavesClone, name="saves_clone", inputs=[Tensor("x", "*batch n")], r
 register(CubeSavesInputData, name="saves_input_data", inputs=[Tensor("x", "*batch n")], reference=lambda x: x * x * x)
 register(CubeSavesInputDataOnce, name="saves_input_data_once", inputs=[Tensor("x", "*batch n")],
          reference=lambda x: x * x * x, double_backward=False)
+
+
+class _MulKeepsInputOnClass(torch.autograd.Function):
+    """y = x * w; backward reads x from a class attribute: the last forward's x, not its own."""
+
+    last_x: torch.Tensor | None = None
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        _MulKeepsInputOnClass.last_x = x.detach()
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (w,) = ctx.saved_tensors
+        x = _MulKeepsInputOnClass.last_x
+        assert x is not None
+        return grad_output * w, (grad_output * x).reshape(-1, w.shape[-1]).sum(0)
+
+
+class _MulKeepsInputOnCtx(torch.autograd.Function):
+    """The twin: x saved for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return grad_output * w, (grad_output * x).reshape(-1, w.shape[-1]).sum(0)
+
+
+for _fn, _name in ((_MulKeepsInputOnClass, "mul_keeps_input_on_class"), (_MulKeepsInputOnCtx, "mul_keeps_input_on_ctx")):
+    register(_fn, name=_name, inputs=[Tensor("x", "*batch n"), Tensor("w", "n")], reference=lambda x, w: x * w,
+             double_backward=False)

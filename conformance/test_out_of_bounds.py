@@ -1,4 +1,5 @@
-"""Contract out_of_bounds: forward and backward write only inside the tensors they write.
+"""Contract out_of_bounds: forward and backward write only inside the tensors they write, and
+read only inside the tensors they read.
 
 An unmasked tail store (``mask=offs <= n``, a grid rounded up without a mask) lands in the
 neighbouring buffer without any error on CPU, under the Triton interpreter, and usually on CUDA.
@@ -6,6 +7,12 @@ Here every tensor input and grad_output, and every uninitialised buffer the Func
 sits inside a larger buffer whose margins (:data:`MARGIN` elements each side) hold canary values
 (:mod:`conformance.engine.memory`); a changed canary after forward or after backward is a failure that
 says whose margin and how far past its end.
+
+Reads likewise: an unmasked load past the end of a row reads the neighbour's memory, which
+changes from call to call (other contracts then see values that differ from themselves, or NaN
+from a poisoned neighbour: they are blocked by this contract). The same case runs again with
+other values in every margin; an output or gradient that changes read outside its tensors. A
+strided tensor read as if it were contiguous is the layouts contract's finding.
 
 What it cannot see: a write more than ``MARGIN`` elements away, into memory that is not a
 margin (a crash or silent corruption elsewhere); writes into the gaps of a non-contiguous
@@ -17,8 +24,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.engine.contract import contract
-from conformance.engine.defects import require_sound
-from conformance.engine.evaluate import execute
+from conformance.engine.defects import Blocked, Defect, read_outside_defect, require_sound
+from conformance.engine.evaluate import execute, reads_outside
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.memory import MARGIN
 from conformance.engine.report import fail
@@ -53,6 +60,17 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
             "without a mask on the store, strides or an offset computed for a bigger tensor.",
         )
     require_sound(target.contract, execution)
+    read = reads_outside(case, execution)
+    if read is not None:
+        plain = case.in_contiguous_layouts()
+        if plain is not case and reads_outside(plain) is None:  # a strided tensor read as contiguous
+            raise Blocked(Defect(
+                "layouts", f"{read} changes with the memory around strided inputs or grad_outputs, but not with contiguous ones "
+                f"[{fn_name}]",
+                ("The Function reads a strided or stride-0 tensor as if it were contiguous: call .contiguous() before the kernel.",),
+            ), case)
+        defect = read_outside_defect(case, read)
+        fail(defect.summary, *defect.details)
     target.checked()
 
 

@@ -291,6 +291,25 @@ def _describe_return(value: Any) -> str:
     return f"a {type(value).__name__} ({describe_value(value)})"
 
 
+def read_outside_defect(case: Any, label: str) -> Defect:
+    """``label`` (an output or gradient of ``case``) depends on memory outside the Function's
+    tensors (:func:`conformance.engine.evaluate.reads_outside`): out_of_bounds' defect."""
+    fn_name = case.spec.display_name
+    return Defect(
+        "out_of_bounds",
+        f"{label} changes with the memory around the Function's tensors, but should depend only on what is inside "
+        f"them [{fn_name}]",
+        (
+            "Every input, grad_output and uninitialised allocation sat between canary margins; with other values "
+            f"in the margins, {label} changed: the Function reads past the end (or before the start) of a tensor. "
+            "Outside the suite it reads whatever lives next door: values that change from call to call, NaN now "
+            "and then.",
+            "Usual causes: a load without a mask (tl.load(ptr + offs) with offs past n), a load mask that admits one "
+            "element too many (offs <= n), a row stride or offset computed for a bigger tensor.",
+        ),
+    )
+
+
 def unwritten_defect(execution: Execution) -> Defect:
     """Output or gradient elements read from memory the Function never wrote, owned by
     ``unwritten_memory`` (see :mod:`conformance.engine.memory`); by ``layouts`` where only strided
@@ -299,6 +318,8 @@ def unwritten_defect(execution: Execution) -> Defect:
     fn_name = execution.case.spec.display_name
     phase = "forward" if first.what.startswith("output") else "backward"
     others = "; ".join(u.describe() for u in execution.unwritten[1:])
+    if execution.unwritten_read_outside:  # NaN read from a poisoned neighbour: never unwritten
+        return read_outside_defect(execution.case, execution.unwritten_read_outside)
     if execution.unwritten_only_strided:
         return Defect(
             "layouts",

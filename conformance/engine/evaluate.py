@@ -174,6 +174,8 @@ def execute(
     after_forward: Callable[[Execution], None] | None = None,
     after_backward: Callable[[Execution], None] | None = None,
     guard_inputs: bool = False,
+    canary: float | None = None,
+    attribute: bool = True,
 ) -> Execution:
     """Forward through a probed copy of the Function; then backward unless told not to.
 
@@ -191,9 +193,13 @@ def execute(
     an output or gradient then holds NaN, the case runs again with zero-filled allocations and
     the elements that were NaN only with poison go into ``unwritten``. Each such allocation sits
     inside a canary-margined buffer (``recorder.canaries``); ``guard_inputs`` puts the tensor
-    inputs and grad_outputs inside such buffers too.
+    inputs and grad_outputs inside such buffers too; ``canary``: another value for their floating
+    margins. With ``attribute``, unwritten elements are traced to where they came from
+    (``unwritten_read_outside``, ``unwritten_only_strided``).
     """
     policy = allocation_policy(case.spec)
+    if canary is not None:
+        policy = dataclasses.replace(policy, canary=canary)
     options = _Options(dtype, device, requires_grad, backward, fn, grad_outputs, retain_graph)
 
     def run(allocations: AllocationPolicy, *, first: bool) -> Execution:
@@ -207,7 +213,15 @@ def execute(
         zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
         execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
         plain = case.in_contiguous_layouts()
-        if execution.unwritten and plain is not case and grad_outputs is None:
+        if execution.unwritten and attribute and grad_outputs is None:
+            rng_after = rng_states()
+            try:  # read from outside a tensor -- in every layout; strided only is layouts' (below)
+                read = reads_outside(case)
+                if read is not None and (plain is case or reads_outside(plain) is not None):
+                    execution.unwritten_read_outside = read
+            finally:
+                set_rng_states(rng_after)
+        if execution.unwritten and attribute and plain is not case and grad_outputs is None and not execution.unwritten_read_outside:
             rng_after = rng_states()
             try:
                 in_plain_layouts = execute(
@@ -254,7 +268,10 @@ def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPoli
     probed, recorder = probe(options.fn or case.spec.fn, allocations=policy)
     args = case.args(dtype=options.dtype, device=options.device, requires_grad=options.requires_grad)
     if guard_inputs:
-        args = [_between_canaries(arg, policy.margin, f"input {recipe.name!r}", recorder) for recipe, arg in zip(case.recipes, args)]
+        args = [
+            _between_canaries(arg, policy.margin, f"input {recipe.name!r}", recorder, policy.canary)
+            for recipe, arg in zip(case.recipes, args)
+        ]
     passed = forward_args(case, args)
     try:
         outputs = _apply(probed, passed)
@@ -275,7 +292,8 @@ def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPoli
     execution.grad_outputs = tuple(make(diff_outputs))
     if guard_inputs:
         execution.grad_outputs = tuple(
-            _between_canaries(g, policy.margin, f"grad_output[{i}]", recorder) for i, g in enumerate(execution.grad_outputs)
+            _between_canaries(g, policy.margin, f"grad_output[{i}]", recorder, policy.canary)
+            for i, g in enumerate(execution.grad_outputs)
         )
     execution.grad_outputs_before = tuple(g.detach().clone() for g in execution.grad_outputs)
     try:
@@ -289,11 +307,39 @@ def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPoli
     return execution
 
 
-def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder) -> Any:
+# Another floating canary than memory.CANARY, exact from float16 down to float8_e4m3fn.
+OTHER_CANARY = -416.0
+
+
+def reads_outside(case: Case, first: Execution | None = None) -> str | None:
+    """The first output or gradient of ``case`` (its label) that depends on memory outside the
+    Function's tensors: with every input, grad_output and uninitialised allocation between canary
+    margins (``first``, when given, is that evaluation), it changes when the margins hold another
+    canary -- a load past the end of a row, an unmasked tail. None when nothing changes, when the
+    Function is random by design, or when the case does not run."""
+    if case.spec.nondeterministic:
+        return None
+    try:
+        if first is None:
+            with random_state(case.spec, case):
+                first = execute(case, guard_inputs=True, attribute=False)
+        with random_state(case.spec, case):
+            second = execute(case, guard_inputs=True, canary=OTHER_CANARY, attribute=False)
+    except Exception:
+        return None
+    theirs = dict(second.observed())
+    for label, tensor in first.observed():
+        other = theirs.get(label)
+        if isinstance(tensor, torch.Tensor) and isinstance(other, torch.Tensor) and changed_elements(tensor, other):
+            return label
+    return None
+
+
+def _between_canaries(value: Any, margin: int, label: str, recorder: Recorder, canary: float | None = None) -> Any:
     """``value`` moved into a canary-margined buffer (tensors only; the canaries go to ``recorder``)."""
     if not isinstance(value, torch.Tensor):
         return value
-    copy, canaries = padded_copy(value, margin, label)
+    copy, canaries = padded_copy(value, margin, label, canary)
     if canaries is not None:
         recorder.canaries.append(canaries)
     return copy

@@ -102,6 +102,9 @@ class Execution:
     # Unwritten elements that the same case in contiguous layouts does not have (layouts' finding:
     # a strided-only path leaves them, or the Function read them from outside a strided tensor).
     unwritten_only_strided: bool = False
+    # Where the unwritten elements came from memory outside the Function's tensors: the first
+    # output or gradient that changes with the canaries around them (evaluate.reads_outside).
+    unwritten_read_outside: str | None = None
     # What contracts concluded from this evaluation (Target.judged_once), shared by every record
     # of it the pool hands out; None for an evaluation the pool does not keep.
     judgements: dict[tuple[str, Hashable], Any] | None = None

@@ -24,6 +24,7 @@ through the probe, around the user's own forward and backward only:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -69,6 +70,9 @@ class AllocationPolicy:
     fill: AllocationFill | None = "poison"
     margin: int = MARGIN
     keep_canaries: bool = True  # False: the margins protect the heap but nobody checks them
+    # The floating canary (None: CANARY); another one tells a read from outside a tensor
+    # (the results change with it) from a read inside (they do not).
+    canary: float | None = None
 
 # Calls that return memory nobody initialised (zeros/ones/full initialise theirs and are left
 # alone), as the Function's Python code makes them: torch-function level, where a mode costs
@@ -98,11 +102,12 @@ def _poison_value(dtype: torch.dtype) -> float | int | bool:
     return min(INT_POISON, torch.iinfo(dtype).max)
 
 
-def _canary_value(dtype: torch.dtype) -> float | int | bool:
+def _canary_value(dtype: torch.dtype, canary: float | None = None) -> float | int | bool:
     if dtype.is_complex:
-        return CANARY
+        return CANARY if canary is None else canary
     if dtype.is_floating_point:
-        return min(CANARY, torch.finfo(dtype).max / 2)  # float8_e4m3fn's largest value is 448
+        chosen = CANARY if canary is None else canary
+        return math.copysign(min(abs(chosen), torch.finfo(dtype).max / 2), chosen)  # float8_e4m3fn's largest value is 448
     if dtype == torch.bool:
         return True
     return INT_CANARY
@@ -175,7 +180,9 @@ def _marginable(tensor: torch.Tensor) -> bool:
     )
 
 
-def _margined(like: torch.Tensor, before: int, after: int, label: str) -> tuple[torch.Tensor, CanaryBuffer] | None:
+def _margined(
+    like: torch.Tensor, before: int, after: int, label: str, canary: float | None = None
+) -> tuple[torch.Tensor, CanaryBuffer] | None:
     """An uninitialised tensor with ``like``'s size, strides, dtype and device whose storage
     holds ``before`` canaries ahead of it and ``after`` past its last element -- its own
     tensor (``set_`` on the storage), not a view, so in-place use and ``as_strided`` offsets
@@ -183,7 +190,7 @@ def _margined(like: torch.Tensor, before: int, after: int, label: str) -> tuple[
     span = _span(like.shape, like.stride())
     buffer = torch.empty(before + span + after, dtype=like.dtype, device=like.device)
     try:
-        buffer.fill_(_canary_value(like.dtype))
+        buffer.fill_(_canary_value(like.dtype, canary))
     except (RuntimeError, TypeError):
         return None
     tensor = torch.empty(0, dtype=like.dtype, device=like.device)
@@ -191,12 +198,15 @@ def _margined(like: torch.Tensor, before: int, after: int, label: str) -> tuple[
     return tensor, CanaryBuffer(label, buffer, before, span, after)
 
 
-def padded_copy(tensor: torch.Tensor, margin: int, label: str) -> tuple[torch.Tensor, CanaryBuffer | None]:
+def padded_copy(
+    tensor: torch.Tensor, margin: int, label: str, canary: float | None = None
+) -> tuple[torch.Tensor, CanaryBuffer | None]:
     """A copy of ``tensor`` (same values, size, strides; a leaf with its requires_grad) that lives
-    between ``margin`` canary elements either side; ``tensor`` itself, with no canaries, when it
-    cannot be (overlapping stride-0 memory, a layout other than strided, no elements)."""
+    between ``margin`` canary elements (``canary``, floating dtypes) either side; ``tensor`` itself,
+    with no canaries, when it cannot be (overlapping stride-0 memory, a layout other than strided,
+    no elements)."""
     overlapping = any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride()))
-    made = None if overlapping or not _marginable(tensor) else _margined(tensor, margin, margin, label)
+    made = None if overlapping or not _marginable(tensor) else _margined(tensor, margin, margin, label, canary)
     if made is None:
         return tensor, None
     copy, canaries = made
@@ -303,7 +313,7 @@ class Allocations(TorchFunctionMode):
         requires_grad = out.requires_grad
         if self.policy.margin:
             label = f"a buffer from {name}{tuple(out.shape)} in {self.phase or 'the Function'}"
-            made = _margined(out, 0, self.policy.margin, label)
+            made = _margined(out, 0, self.policy.margin, label, self.policy.canary)
             if made is not None:
                 out, canaries = made
                 if self.policy.keep_canaries:

@@ -46,8 +46,16 @@ from typing import Any, TypeVar
 
 import torch
 
-from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Autocast, Evaluated, evaluate, evaluate_with_terms, execute, fresh
+from conformance.engine.defects import Blocked, Defect, read_outside_defect
+from conformance.engine.evaluate import (
+    Autocast,
+    Evaluated,
+    evaluate,
+    evaluate_with_terms,
+    execute,
+    fresh,
+    reads_outside,
+)
 from conformance.engine.global_state import rng_states, set_backend_flags, set_rng_states
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
@@ -322,13 +330,17 @@ def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
 def undeclared_randomness(case: Case) -> Defect | None:
     """The determinism contract's defect on ``case``, or None: two calls with identical inputs, one
     after the other (torch's global RNG left alone), whose outputs or gradients differ, of a Function
-    not declared ``nondeterministic``. One defect, one failure: a contract whose comparison of values
+    not declared ``nondeterministic`` -- or out_of_bounds' defect when the Function reads memory
+    outside its tensors (:func:`read_outside`), whose values may differ between calls or not. One defect, one failure: a contract whose comparison of values
     fails on such a Function meets that defect, not one of its own (the runner asks, on failure).
     Values that differ only where an input or grad_output is strided or stride-0 (see
     :func:`_reads_outside_strided_tensors`) are read from memory outside the tensor (a kernel that
     assumes contiguous memory): the layouts contract's defect."""
     if case.spec.nondeterministic:
         return None
+    outside = read_outside(case)  # what lies past a tensor's end: other values on another call, or the same garbage
+    if outside is not None:
+        return outside
     differs = _differs_from_itself(case)
     if differs is None:
         return None
@@ -344,6 +356,26 @@ def undeclared_randomness(case: Case) -> Defect | None:
         ("The Function reads memory outside a tensor it gets in a strided or stride-0 layout (a kernel that assumes "
          "contiguous memory): call .contiguous() on inputs and grad_outputs before it.",),
     )
+
+
+def read_outside(case: Case) -> Defect | None:
+    """out_of_bounds' defect when ``case`` reads memory outside its tensors
+    (:func:`conformance.engine.evaluate.reads_outside`) in contiguous layouts too; a strided tensor
+    read as if it were contiguous is left to layouts (see :func:`undeclared_randomness`)."""
+    label = reads_outside(case)
+    if label is None:
+        return None
+    plain = case.in_contiguous_layouts()
+    if plain is not case and reads_outside(plain) is None:
+        return None
+    return read_outside_defect(case, label)
+
+
+def blocked_by_reads_outside(case: Case) -> None:
+    """Raise ``Blocked`` by out_of_bounds when ``case`` reads outside its tensors (:func:`read_outside`)."""
+    defect = read_outside(case)
+    if defect is not None:
+        raise Blocked(defect, case)
 
 
 def _reads_outside_strided_tensors(case: Case) -> bool:

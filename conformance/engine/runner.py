@@ -752,6 +752,10 @@ class Target:
                     self.blocked_by_undeclared_randomness()
                 raise
             except Blocked as blocked:
+                if self.compares_values and blocked.defect.owner == "reference" and blocked.case is not None:
+                    # reference itself, failing there, would be blocked by this (values that differ
+                    # from themselves, or read from outside the tensors): one owner for the chain
+                    self.blocked_by_undeclared_randomness(blocked.case)
                 if not self._kept_crash_block(blocked):
                     raise
             except (HypothesisException, ReplayMismatch, ExampleAborted):

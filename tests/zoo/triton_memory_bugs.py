@@ -10,6 +10,12 @@
   its values change with whatever lies there. layouts' defect alone; the contracts that meet the
   garbage as values differing between calls, or as a poisoned NaN, are blocked by it.
 
+* ``triton_row_sum_load_past_end``: a row sum whose load has no mask, so each row reads up to the
+  next power of two: past the row into the next one, and past the last row into whatever lies
+  beyond the tensor. out_of_bounds' defect (the results change with the memory around the input);
+  the contracts that meet its garbage as wrong values, values differing between calls, or a
+  poisoned neighbour's NaN are blocked by it. ``triton_row_sum`` masks the load.
+
 Run with ``--impl=tests/zoo/triton_memory_bugs.py``; without CUDA the plugin selects the
 interpreter before this file is imported (it writes out of bounds into torch memory, like a GPU).
 """
@@ -111,7 +117,45 @@ class StridedGradRead(TritonScale):  # forward as its twin's
         return grad_x
 
 
+@triton.jit
+def _row_sum(x_ptr, y_ptr, n, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    start = tl.program_id(0).to(tl.int64) * n
+    if MASKED:
+        row = tl.load(x_ptr + start + cols, mask=cols < n, other=0.0)
+    else:
+        row = tl.load(x_ptr + start + cols)  # BUG: no mask: reads BLOCK_N elements of a row of n
+    tl.store(y_ptr + tl.program_id(0), tl.sum(row, axis=0))
+
+
+def _row_sums(ctx: Any, x: torch.Tensor, *, masked: bool) -> torch.Tensor:
+    n = x.shape[-1] if x.dim() else 1
+    rows = x.detach().contiguous().reshape(-1, n)
+    y = torch.empty(rows.shape[0], dtype=x.dtype, device=x.device)
+    launch_grid(_row_sum, (rows.shape[0],), rows, y, n, BLOCK_N=triton.next_power_of_2(n), MASKED=masked)
+    ctx.shape = x.shape
+    return y.reshape(x.shape[:-1])
+
+
+class TritonRowSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _row_sums(ctx, x, masked=True)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return grad_output.unsqueeze(-1).expand(ctx.shape).contiguous()
+
+
+class RowSumLoadPastEnd(TritonRowSum):  # backward as its twin's
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _row_sums(ctx, x, masked=False)
+
+
 for fn, name in (
+    (TritonRowSum, "triton_row_sum"), (RowSumLoadPastEnd, "triton_row_sum_load_past_end"),
     (TritonScale, "triton_scale"), (StorePastEnd, "triton_store_past_end"), (UnwrittenTail, "triton_unwritten_tail"),
     (StridedGradRead, "triton_strided_grad_read"),
 ):
@@ -119,7 +163,7 @@ for fn, name in (
         fn,
         name=name,
         inputs=[Tensor("x", "*batch n")],
-        reference=lambda x: x * 2.0,
+        reference=(lambda x: x.sum(-1)) if "row_sum" in name else (lambda x: x * 2.0),
         dtypes=(torch.float64, torch.float32),
         devices=kernel_devices(_scale),
         double_backward=False,

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from conformance.engine.contract import contract
 from conformance.engine.defects import Blocked, Defect, read_outside_defect, require_sound
 from conformance.engine.evaluate import execute, reads_outside
+from conformance.engine.global_state import rng_states
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.memory import MARGIN
 from conformance.engine.report import fail
@@ -44,6 +45,7 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
         after_forward.extend(_damage(execution))
 
     with random_state(case.spec, case):
+        rng_before = rng_states()
         execution = execute(case, guard_inputs=True, after_forward=look_after_forward)
     fn_name = case.spec.display_name
     phase, found = "forward", after_forward
@@ -60,7 +62,7 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
             "without a mask on the store, strides or an offset computed for a bigger tensor.",
         )
     require_sound(target.contract, execution)
-    read = reads_outside(case, execution)
+    read = reads_outside(case, execution, rng_before)
     if read is not None:
         plain = case.in_contiguous_layouts()
         if plain is not case and reads_outside(plain) is None:  # a strided tensor read as contiguous

@@ -58,7 +58,8 @@ ZOO_RUNS = {
     "real_world_bugs": ZooRun("real_world_bugs.py", (), 8),
     "real_world_correct": ZooRun("real_world_correct.py", (), 8),
     "spec_language_bugs": ZooRun("spec_language_bugs.py", (), 12),
-    "tiers_bugs": ZooRun("tiers_bugs.py"),
+    # the expanded grad_output, which crash_on_expanded_grad needs, is the 6th example of the memory contracts
+    "tiers_bugs": ZooRun("tiers_bugs.py", (), 7),
     "tiers_correct": ZooRun("tiers_correct.py"),
     "transposed_grad_output_bugs": ZooRun("transposed_grad_output_bugs.py", ("inplace", "reference"), 3),
     "triton_bugs": ZooRun("triton_bugs.py", TRITON_BUG_CONTRACTS, 4, ("--device=cpu",)),

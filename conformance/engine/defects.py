@@ -232,8 +232,8 @@ def structural_defects(
             elif grad.numel() < arg.numel() or (grad.numel() == arg.numel() and grad.dim() < arg.dim()):
                 hint = (
                     f"The gradient has fewer elements or dims than {recipe.name!r}: backward reduced over a dim the "
-                    "input has itself (a sum over every dim, or without keepdim=True). Reduce over the broadcast "
-                    "dims only, to the input's shape (grad.sum_to_size(input.shape))."
+                    "input has itself (a sum over every dim, or without keepdim=True). Reduce only over the dims "
+                    "the input was broadcast across, then reshape to the input's shape."
                 )
             else:
                 hint = (

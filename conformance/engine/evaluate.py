@@ -215,10 +215,8 @@ def execute(
         plain = case.in_contiguous_layouts()
         if execution.unwritten and attribute and grad_outputs is None:
             rng_after = rng_states()
-            try:  # read from outside a tensor -- in every layout; strided only is layouts' (below)
-                read = reads_outside(case)
-                if read is not None and (plain is case or reads_outside(plain) is not None):
-                    execution.unwritten_read_outside = read
+            try:  # read from outside a tensor -- in contiguous layouts too; strided only is layouts' (below)
+                execution.unwritten_read_outside = reads_outside(plain)
             finally:
                 set_rng_states(rng_after)
         if execution.unwritten and attribute and plain is not case and grad_outputs is None and not execution.unwritten_read_outside:
@@ -311,26 +309,41 @@ def _execute(case: Case, options: _Options, hooks: Hooks, policy: AllocationPoli
 OTHER_CANARY = -416.0
 
 
-def reads_outside(case: Case, first: Execution | None = None) -> str | None:
+def reads_outside(case: Case, first: Execution | None = None, rng_before: RngStates | None = None) -> str | None:
     """The first output or gradient of ``case`` (its label) that depends on memory outside the
     Function's tensors: with every input, grad_output and uninitialised allocation between canary
-    margins (``first``, when given, is that evaluation), it changes when the margins hold another
-    canary -- a load past the end of a row, an unmasked tail. None when nothing changes, when the
-    Function is random by design, or when the case does not run."""
+    margins, it changes when the margins hold another canary, and not when they hold the same one
+    again (a random Function's draws differ either way) -- a load past the end of a row, an
+    unmasked tail. Every run starts from one RNG state: ``rng_before``, where ``first`` (such an
+    evaluation, made from it) is given. None when nothing changes, when the Function is random by
+    design, or when the case does not run."""
     if case.spec.nondeterministic:
         return None
+    rng_after = rng_states()
+
+    def guarded_run(canary: float | None) -> Execution:
+        set_rng_states(start)
+        return execute(case, guard_inputs=True, canary=canary, attribute=False)
+
+    start = rng_before if rng_before is not None and first is not None else rng_after
     try:
-        if first is None:
-            with random_state(case.spec, case):
-                first = execute(case, guard_inputs=True, attribute=False)
-        with random_state(case.spec, case):
-            second = execute(case, guard_inputs=True, canary=OTHER_CANARY, attribute=False)
+        first = first if rng_before is not None and first is not None else guarded_run(None)
+        label = _first_change(first, guarded_run(OTHER_CANARY))
+        if label is None or _first_change(first, guarded_run(None)) is not None:
+            return None
+        return label
     except Exception:
         return None
-    theirs = dict(second.observed())
-    for label, tensor in first.observed():
-        other = theirs.get(label)
-        if isinstance(tensor, torch.Tensor) and isinstance(other, torch.Tensor) and changed_elements(tensor, other):
+    finally:
+        set_rng_states(rng_after)
+
+
+def _first_change(one: Execution, other: Execution) -> str | None:
+    """The label of the first output or gradient whose bits differ between two evaluations."""
+    theirs = dict(other.observed())
+    for label, tensor in one.observed():
+        again = theirs.get(label)
+        if isinstance(tensor, torch.Tensor) and isinstance(again, torch.Tensor) and changed_elements(tensor, again):
             return label
     return None
 

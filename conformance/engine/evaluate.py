@@ -213,7 +213,7 @@ def execute(
         zeros = AllocationPolicy("zeros", policy.margin, keep_canaries=False)
         execution.unwritten = _confirm_unwritten(execution, rng_before, lambda: run(zeros, first=False))
         plain = case.in_contiguous_layouts()
-        if execution.unwritten and attribute and grad_outputs is None:
+        if execution.unwritten and attribute:  # whatever grad_outputs the caller made: the read is forward's or backward's
             rng_after = rng_states()
             try:  # read from outside a tensor -- in contiguous layouts too; strided only is layouts' (below)
                 execution.unwritten_read_outside = reads_outside(plain)

@@ -105,3 +105,25 @@ def test_a_run_whose_only_report_of_a_defect_is_a_block_fails(pytester: pytest.P
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
     assert result.parseoutcomes().get("skipped") == 1, text[-3000:]  # pytest saw a skip; the suite makes it a failure
     assert "[found by grad_meta, blocked by return_count, but return_count did not run" in text, text[-3000:]
+
+
+def test_a_blocked_cell_whose_owner_is_blocked_names_the_failure_at_the_chains_end() -> None:
+    """One defect, one failure: stability blocked by reference, itself blocked by gradcheck (which
+    failed), says so (a new user read "blocked by reference" and looked for reference's failure)."""
+    matrix = OutcomeMatrix()
+    matrix.record("dot", "cpu", "gradcheck", Cell("failed", reason="analytical grad['w'] != numerical"))
+    matrix.record("dot", "cpu", "reference", _blocked("gradcheck", "analytical grad['w'] != numerical"))
+    matrix.record("dot", "cpu", "stability", _blocked("reference", "RowDot is outside the reference rule at ordinary magnitudes too"))
+    matrix.record("dot", "cpu", "autocast", _blocked("reference", "RowDot is wrong without autocast too"))
+    # A chain that ends at no failure is left to report_unowned_defects; a circle changes nothing.
+    matrix.record("loop", "cpu", "reference", _blocked("gradcheck", "x"))
+    matrix.record("loop", "cpu", "gradcheck", _blocked("reference", "y"))
+    assert matrix.name_chain_roots() == [("dot", "cpu", "autocast"), ("dot", "cpu", "stability")]
+    stability = matrix.cell("dot", "cpu", "stability")
+    assert stability is not None and stability.outcome == "blocked" and stability.owner == "gradcheck", stability
+    assert stability.reason.startswith(
+        "blocked by gradcheck (through reference): RowDot is outside the reference rule at ordinary magnitudes too"
+    ), stability.reason
+    reference = matrix.cell("dot", "cpu", "reference")
+    assert reference is not None and reference.owner == "gradcheck" and reference.reason.startswith("blocked by gradcheck: analytical")
+    assert matrix.cell("loop", "cpu", "reference") == _blocked("gradcheck", "x")

@@ -277,6 +277,28 @@ class OutcomeMatrix:
                 made.append((function, device, contract))
         return made
 
+    def name_chain_roots(self) -> list[tuple[str, str, str]]:
+        """A blocked cell whose owner is blocked in turn names the failure its chain ends at
+        (stability blocked by reference, itself blocked by gradcheck, which failed: blocked by
+        gradcheck, through reference), so that every blocked cell names the one failure of its
+        defect. Chains that end at no failure are :meth:`report_unowned_defects`' (call it first).
+        Returns the cells changed, as (function, device, contract)."""
+        made = []
+        for (function, device), row in self._rows.items():
+            for contract, cell in sorted(row.items()):
+                if cell.outcome != "blocked" or not cell.owner:
+                    continue
+                chain = [cell.owner]
+                while (step := row.get(chain[-1])) is not None and step.outcome == "blocked" and step.owner and step.owner not in (*chain, contract):
+                    chain.append(step.owner)
+                end = row.get(chain[-1])
+                if len(chain) < 2 or end is None or end.outcome != "failed":
+                    continue
+                seen = cell.reason.removeprefix(f"blocked by {cell.owner}: ")
+                row[contract] = replace(cell, owner=chain[-1], reason=f"blocked by {chain[-1]} (through {', '.join(chain[:-1])}): {seen}")
+                made.append((function, device, contract))
+        return made
+
     def __len__(self) -> int:
         return sum(map(len, self._rows.values()))
 

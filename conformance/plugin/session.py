@@ -380,6 +380,7 @@ class ConformanceSession:
             self.matrix.one_failure_per_ending(run_endings(self.flight.record_path.parent))
         # A test blocked by a defect whose owner passed is the defect's only report: it fails.
         unowned = self.matrix.report_unowned_defects()
+        self.matrix.name_chain_roots()  # every blocked cell names its defect's one failure
         strict_stale = self.expectations is not None and self.expectations.strict and self.stale_expectations()
         if (unowned or strict_stale) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -320,14 +320,15 @@ def reads_outside(case: Case, first: Execution | None = None, rng_before: RngSta
     if case.spec.nondeterministic:
         return None
     rng_after = rng_states()
+    given = first is not None and rng_before is not None
+    start = rng_before if given and rng_before is not None else rng_after
 
     def guarded_run(canary: float | None) -> Execution:
         set_rng_states(start)
         return execute(case, guard_inputs=True, canary=canary, attribute=False)
 
-    start = rng_before if rng_before is not None and first is not None else rng_after
     try:
-        first = first if rng_before is not None and first is not None else guarded_run(None)
+        first = first if given and first is not None else guarded_run(None)
         label = _first_change(first, guarded_run(OTHER_CANARY))
         if label is None or _first_change(first, guarded_run(None)) is not None:
             return None

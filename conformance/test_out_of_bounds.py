@@ -29,6 +29,7 @@ from conformance.engine.evaluate import execute, reads_outside
 from conformance.engine.global_state import rng_states
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.memory import MARGIN
+from conformance.engine.numerics import read_outside
 from conformance.engine.report import fail
 from conformance.engine.runner import VARIED_CASES, Target
 
@@ -64,14 +65,14 @@ def check_out_of_bounds(target: Target, data: st.DataObject) -> None:
     require_sound(target.contract, execution)
     read = reads_outside(case, execution, rng_before)
     if read is not None:
-        plain = case.in_contiguous_layouts()
-        if plain is not case and reads_outside(plain) is None:  # a strided tensor read as contiguous
+        # Judged in contiguous layouts, as every contract's read is (numerics.read_outside).
+        defect = read_outside_defect(case, read) if case.in_contiguous_layouts() is case else read_outside(case)
+        if defect is None:  # a strided tensor read as contiguous
             raise Blocked(Defect(
                 "layouts", f"{read} changes with the memory around strided inputs or grad_outputs, but not with contiguous ones "
                 f"[{fn_name}]",
                 ("The Function reads a strided or stride-0 tensor as if it were contiguous: call .contiguous() before the kernel.",),
             ), case)
-        defect = read_outside_defect(case, read)
         fail(defect.summary, *defect.details)
     target.checked()
 

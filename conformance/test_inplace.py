@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from conformance.engine.contract import contract
 from conformance.engine.evaluate import forward, gradients
 from conformance.engine.harness import changed_elements, differentiable_positions, forward_args
-from conformance.engine.numerics import exactly_equal, reordering_tolerance
+from conformance.engine.numerics import RANDOM_BACKWARD_CAUSE, rerun_mismatch
 from conformance.engine.overlap import shares_memory
 from conformance.engine.probe import BackwardCall
 from conformance.engine.report import advise, describe_value, fail
@@ -167,22 +167,18 @@ def _check_once(target: Target, case: Case) -> None:
                 f"grad[{name!r}] on the second backward={describe_value(two)}, but should be "
                 f"{describe_value(one)} as on the first [{fn_name}.backward, retain_graph=True]"
             )
-        if one is None or two is None or exactly_equal(two, one):
+        mismatch = rerun_mismatch(two, one, case.dtype) if one is not None and two is not None else None
+        if mismatch is None:
             continue
-        # A rerun of the same kernels differs only where reductions are reordered (atomics); a
-        # clobbered buffer is O(1).
-        rtol, atol = reordering_tolerance(case.dtype, one)
-        try:
-            torch.testing.assert_close(two.detach(), one, rtol=rtol, atol=atol, equal_nan=True)
-        except AssertionError as error:
-            target.blocked_by_undeclared_randomness(case)  # a backward that draws noise differs from itself anyway
-            fail(
-                f"grad[{name!r}] on the second backward != first backward [{fn_name}.backward, retain_graph=True]",
-                "Backpropagating the same graph twice must give the same gradients; the first call changed "
-                "something the second reads (a saved tensor or a buffer kept on ctx, written in place)"
-                + (f": backward wrote into {', '.join(private_writes)}." if private_writes else "."),
-                str(error),
-            )
+        target.blocked_by_undeclared_randomness(case)  # a backward that draws noise differs from itself anyway
+        fail(
+            f"grad[{name!r}] on the second backward != first backward [{fn_name}.backward, retain_graph=True]",
+            RANDOM_BACKWARD_CAUSE if spec.nondeterministic and not private_writes else
+            "Backpropagating the same graph twice must give the same gradients; the first call changed "
+            "something the second reads (a saved tensor or a buffer kept on ctx, written in place)"
+            + (f": backward wrote into {', '.join(private_writes)}." if private_writes else "."),
+            mismatch,
+        )
     _check_views(fn_name, views)
     if private_writes:
         advise(

@@ -216,6 +216,22 @@ def test_a_crash_of_a_random_function_with_an_unused_output_is_undefined_grads_o
     assert undefined.outcome is Outcome.FAILED and "when output[1] was unused" in undefined.reason, undefined
 
 
+def test_a_random_backward_that_draws_its_own_sample_is_inplaces_alone(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    """Declared random: forward's draws are replayed for the reference, so a backward that draws a
+    new mask is wrong on one call and differs from itself on two. inplace (second backward through
+    one graph) owns it; gradcheck, reference and autocast, which met it, are blocked by it (they
+    failed alongside it, autocast only on a case where the float64 check drew alike by chance)."""
+    name = "dropout_fresh_mask_in_backward"
+    contracts = ("inplace", "gradcheck", "reference", "autocast", "determinism")
+    run = conformance_run(ZOO / "derivative_layout_determinism_bugs.py", "-k", name, contracts=contracts)
+    text = run.failed("inplace", name)
+    assert "on the second backward != first backward" in text and "draws its own numbers" in text, text
+    row = {c: v.recorded for (c, fn, _), v in run.verdicts.items() if fn == name}
+    assert [c for c, r in row.items() if r.outcome is Outcome.FAILED] == ["inplace"], row
+    for contract in ("gradcheck", "reference", "autocast"):
+        assert row[contract].outcome is Outcome.BLOCKED and row[contract].owner == "inplace", (contract, row[contract])
+
+
 def test_a_backward_that_changes_its_state_is_inplaces_and_blocks_gradchecks_reentrancy(conformance_run) -> None:  # type: ignore[no-untyped-def]
     run = conformance_run(ZOO / "gradcheck_bugs.py", "-k", "counting_scale", contracts=("gradcheck", "inplace", "determinism"))
     assert "on the second backward != first backward" in run.failed("inplace", "counting_scale")

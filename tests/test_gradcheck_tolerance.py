@@ -12,6 +12,7 @@ import conformance
 from conformance import Tensor
 from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL
 from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
+from conformance.engine.verdict import Outcome
 from reference_ops.elementwise import Square
 from tests.zoo.gradcheck_bugs import FivePercentOffSquare
 
@@ -89,6 +90,10 @@ class _NoiseRedrawnInBackward(torch.autograd.Function):
 def test_a_declared_random_function_is_not_told_to_declare_itself_random(clean_registry) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(conformance.ConformanceFailure) as raised:
         conformance.check(_NoiseRedrawnInBackward, inputs=[Tensor("x", "n")], reference=lambda x: 2 * x,
-                          nondeterministic=True, contracts=["gradcheck"], device="cpu", max_examples=3)
+                          nondeterministic=True, contracts=["gradcheck", "inplace"], device="cpu", max_examples=3)
     text = str(raised.value)
     assert "The spec declares nondeterministic=True" in text and "Declare nondeterministic=True" not in text, text
+    # One defect, one failure: a backward that differs from itself through one graph is inplace's.
+    verdicts = {r.contract: r.verdict for r in raised.value.result.results}
+    assert verdicts["inplace"].outcome is Outcome.FAILED, verdicts
+    assert verdicts["gradcheck"].outcome is Outcome.BLOCKED and verdicts["gradcheck"].owner == "inplace", verdicts

@@ -53,11 +53,13 @@ from conformance.engine.evaluate import (
     evaluate,
     evaluate_with_terms,
     execute,
+    forward,
     fresh,
+    gradients,
     reads_outside,
 )
 from conformance.engine.global_state import rng_states, set_backend_flags, set_rng_states
-from conformance.engine.harness import Execution, random_state
+from conformance.engine.harness import Execution, differentiable_positions, random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from conformance.spec.spec import FLOAT64_TOLERANCE_KEYS
@@ -335,9 +337,11 @@ def undeclared_randomness(case: Case) -> Defect | None:
     fails on such a Function meets that defect, not one of its own (the runner asks, on failure).
     Values that differ only where an input or grad_output is strided or stride-0 (see
     :func:`_reads_outside_strided_tensors`) are read from memory outside the tensor (a kernel that
-    assumes contiguous memory): the layouts contract's defect."""
+    assumes contiguous memory): the layouts contract's defect. For a Function declared
+    ``nondeterministic`` (every evaluation replays one RNG state), a backward that differs from
+    itself through one graph (it draws its own numbers) is the inplace contract's defect."""
     if case.spec.nondeterministic:
-        return None
+        return _random_backward_differs(case)
     outside = read_outside(case)  # what lies past a tensor's end: other values on another call, or the same garbage
     if outside is not None:
         return outside
@@ -356,6 +360,66 @@ def undeclared_randomness(case: Case) -> Defect | None:
         ("The Function reads memory outside a tensor it gets in a strided or stride-0 layout (a kernel that assumes "
          "contiguous memory): call .contiguous() on inputs and grad_outputs before it.",),
     )
+
+
+# A declared-random Function whose second backward through one graph differs: the likely cause.
+RANDOM_BACKWARD_CAUSE = (
+    "The spec declares nondeterministic=True, so every evaluation replays one RNG state and forward's draws "
+    "are the reference's too: a backward that draws its own numbers (a new dropout mask) differentiates "
+    "another sample than forward returned. Save forward's sample, or its RNG state and redraw under "
+    "torch.random.fork_rng (as torch.utils.checkpoint does)."
+)
+
+
+def _random_backward_differs(case: Case) -> Defect | None:
+    """inplace's defect when a second backward through one graph of ``case`` differs from the first."""
+    differs = second_backward_differs(case)
+    if differs is None:
+        return None
+    return Defect(
+        "inplace",
+        f"{differs} on the second backward != first backward [{case.spec.display_name}.backward, retain_graph=True]",
+        (RANDOM_BACKWARD_CAUSE,),
+    )
+
+
+def second_backward_differs(case: Case) -> str | None:
+    """The first gradient (``grad['x']``) that a second backward through the same graph of
+    ``case`` (``retain_graph=True``) gives otherwise than the first, beyond a reordering of the
+    same sums (:func:`rerun_mismatch`); None when they agree, or when a call raises (a crash's owner
+    judges that)."""
+    leaves = case.args()
+    names = [r.name for r in case.recipes]
+    wrt = [(n, leaf) for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+    try:
+        outputs = forward(case, leaves).outputs
+        diff_outputs = [outputs[p] for p in differentiable_positions(outputs)]
+        if not diff_outputs or not wrt:
+            return None
+        grad_outputs = case.grad_outputs(diff_outputs)
+        tensors = [leaf for _, leaf in wrt]
+        first = [g.detach().clone() if g is not None else None for g in gradients(diff_outputs, tensors, grad_outputs, retain_graph=True)]
+        second = gradients(diff_outputs, tensors, grad_outputs)
+    except Exception:
+        return None
+    for (name, _), one, two in zip(wrt, first, second, strict=True):
+        if (one is None) != (two is None) or (one is not None and two is not None and rerun_mismatch(two, one, case.dtype) is not None):
+            return f"grad[{name!r}]"
+    return None
+
+
+def rerun_mismatch(second: torch.Tensor, first: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """How a rerun of the same kernels that gave ``first`` differs in giving ``second``
+    (``assert_close``'s report), or None where they are equal or differ only as a reordering of
+    the same sums does (atomics); a clobbered buffer is O(1)."""
+    if exactly_equal(second, first):
+        return None
+    rtol, atol = reordering_tolerance(dtype, first)
+    try:
+        torch.testing.assert_close(second.detach(), first, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as error:
+        return str(error)
+    return None
 
 
 def read_outside(case: Case) -> Defect | None:

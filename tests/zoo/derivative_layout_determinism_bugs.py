@@ -246,3 +246,27 @@ class NoisyBackward(torch.autograd.Function):
 
 register(UndeclaredNoise, name="undeclared_noise", inputs=[Tensor("x", "*batch n")], reference=lambda x: 2 * x, dtypes=FLOATS)
 register(NoisyBackward, name="noisy_backward", inputs=[Tensor("x", "*batch n")], reference=lambda x: 2 * x, dtypes=FLOATS)
+
+
+def _keep_mask(x: torch.Tensor) -> torch.Tensor:
+    """Dropout's keep mask (p = 0.5) from float64 uniforms: the same sample in every dtype."""
+    return (torch.rand(x.shape, dtype=torch.float64, device=x.device) > 0.5).to(x.dtype)
+
+
+class DropoutFreshMaskInBackward(torch.autograd.Function):
+    """Declared-random dropout whose backward draws a new mask instead of reusing forward's: its
+    gradient belongs to another sample (the correct twin, dropout_saved_mask, saves the mask)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * _keep_mask(x) * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return grad_output * _keep_mask(grad_output) * 2
+
+
+register(
+    DropoutFreshMaskInBackward, name="dropout_fresh_mask_in_backward", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * _keep_mask(x) * 2, dtypes=FLOATS, nondeterministic=True,
+)

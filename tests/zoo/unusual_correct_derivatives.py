@@ -130,6 +130,33 @@ register(
 )
 
 
+def _keep_mask(x: torch.Tensor) -> torch.Tensor:
+    """Dropout's keep mask (p = 0.5) from float64 uniforms: the same sample in every dtype."""
+    return (torch.rand(x.shape, dtype=torch.float64, device=x.device) > 0.5).to(x.dtype)
+
+
+class DropoutSavedMask(torch.autograd.Function):
+    """Declared-random dropout that saves forward's mask for backward (the twin of
+    dropout_fresh_mask_in_backward, which draws a new one)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        keep = _keep_mask(x)
+        ctx.save_for_backward(keep)
+        return x * keep * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (keep,) = ctx.saved_tensors
+        return grad_output * keep * 2
+
+
+register(
+    DropoutSavedMask, name="dropout_saved_mask", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: x * _keep_mask(x) * 2, dtypes=FLOATS, nondeterministic=True,
+)
+
+
 class _CubeBackward(torch.autograd.Function):
     """The backward of Cube as a Function of its own: (x, g) -> 3 x^2 g, with its own backward."""
 

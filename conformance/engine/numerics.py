@@ -1026,25 +1026,27 @@ def layout_tolerance(expected: torch.Tensor, scale: float, noise: float = 0.0) -
 
 def tie_dim(got: torch.Tensor, want: torch.Tensor, values: Sequence[Any]) -> int | None:
     """The dim along which two different integer index outputs pick equal values from one of the
-    floating tensors in ``values`` (ties: ``argsort`` and ``topk`` may break them in any order),
-    else None.
+    floating tensors in ``values`` (ties: ``argsort``, ``topk`` and ``max(dim)`` may break them in
+    any order), else None.
 
-    ``got`` indexes a tensor ``x`` along dim d when it has ``x``'s shape except along d and
-    every entry is a valid index there; then ``x.gather(d, got) == x.gather(d, want)``
-    everywhere is a tie order, not a different answer."""
+    ``got`` indexes a tensor ``x`` along dim d when it has ``x``'s shape except along d (any size
+    there, 1 for a ``keepdim`` reduction) or ``x``'s shape without d (a reduction's indices), and
+    every entry is a valid index there; then ``x.gather(d, got) == x.gather(d, want)`` everywhere
+    is a tie order, not a different answer."""
     if got.shape != want.shape or got.dtype != want.dtype or got.is_floating_point() or got.dtype == torch.bool:
         return None
     a, b = got.detach().cpu().long(), want.detach().cpu().long()
     for x in values:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim != a.ndim or x.ndim == 0:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim == 0 or x.ndim not in (a.ndim, a.ndim + 1):
             continue
         x = x.detach().cpu()
         for dim in range(x.ndim):
-            if any(n != m for k, (n, m) in enumerate(zip(a.shape, x.shape)) if k != dim):
+            along_a, along_b = (a, b) if x.ndim == a.ndim else (a.unsqueeze(dim), b.unsqueeze(dim))
+            if any(n != m for k, (n, m) in enumerate(zip(along_a.shape, x.shape)) if k != dim):
                 continue
             size = x.shape[dim]
-            if bool(((a < 0) | (a >= size) | (b < 0) | (b >= size)).any()):
+            if bool(((along_a < 0) | (along_a >= size) | (along_b < 0) | (along_b >= size)).any()):
                 continue
-            if torch.equal(x.gather(dim, a), x.gather(dim, b)):
+            if torch.equal(x.gather(dim, along_a), x.gather(dim, along_b)):
                 return dim
     return None

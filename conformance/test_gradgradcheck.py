@@ -46,6 +46,7 @@ from conformance.engine.evaluate import (
     gradients,
     recorded_function_of_tensors,
     reference_double_backward,
+    reference_of_tensors,
 )
 from conformance.engine.finite_differences import (
     FD_EPS,
@@ -142,9 +143,12 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
             return
         # A case drawn again is not checked again: the pool served these very results (intact),
         # and the Function is deterministic and draws from no generator, or it would not be kept.
-        target.judged_once(
+        unjudged = target.judged_once(
             execution, "second derivatives", lambda: _check_twice_differentiable(target, case, call, args, wrt_positions, names)
         )
+        if unjudged is not None:
+            target.not_checked(unjudged)
+            return
         target.checked()
     else:
         _check_refuses_double_backward(target, case, call, wrt, names)
@@ -152,7 +156,9 @@ def check_gradgradcheck(target: Target, data: st.DataObject) -> None:
 
 def _check_twice_differentiable(
     target: Target, case: Case, call: Any, args: list[Any], wrt_positions: list[int], names: list[str]
-) -> None:
+) -> str | None:
+    """Fail unless gradgradcheck passes on ``case``; None when judged, else why it could not be
+    (finite differences cannot resolve this case: the reference fails the same check)."""
     wrt = tuple(args[i] for i in wrt_positions)
     outputs = _diff_outputs(call(*wrt))
     grad_outputs = tuple(g.detach().requires_grad_(True) for g in case.grad_outputs(outputs, dtype=torch.float64))
@@ -196,6 +202,8 @@ def _check_twice_differentiable(
         blocked_by_unversioned_saves(case)  # a save of x.data: second derivatives through a detached tensor
         target.blocked_by_undeclared_randomness(case)  # second derivatives of values that differ from themselves
         blocked_by_wrong_first_derivatives(case, call, wrt)
+        if _reference_fails_too(case, args, wrt_positions, grad_outputs, fast=fast):
+            return UNRESOLVABLE_SECOND_DERIVATIVES
         message = str(error).strip()
     except RuntimeError as error:
         if raised_by_once_differentiable(error):
@@ -208,7 +216,7 @@ def _check_twice_differentiable(
             CAUSE_RAISED, f"{type(error).__name__}: {error}", user_frames(error),
         )
     else:
-        return
+        return None
     # Which gradient, with respect to which input or grad_output, and why (when we can tell).
     wrt_labels = [repr(n) for n in names] + [f"grad_output[{i}]" for i in range(len(grad_outputs))]
     match = jacobian_pair(message)
@@ -238,6 +246,36 @@ def _check_twice_differentiable(
         # The pattern's words are for first derivatives; a named cause explains second ones better.
         *located.details(f"grad[{grad_name!r}]", wrt_labels[against], "torch.autograd.gradgradcheck", with_pattern=not cause),
     )
+
+
+UNRESOLVABLE_SECOND_DERIVATIVES = (
+    "finite differences in float64 cannot resolve this case's second derivatives: gradgradcheck of the "
+    "spec's reference fails on the same points too (first derivatives so large that an eps=1e-6 step of a "
+    "grad_output is lost in their rounding)"
+)
+
+
+def _reference_fails_too(
+    case: Case, args: Sequence[Any], wrt_positions: list[int], grad_outputs: tuple[torch.Tensor, ...], *, fast: bool
+) -> bool:
+    """Whether torch.autograd.gradgradcheck of the spec's reference (plain torch, its derivatives
+    torch's) fails at the same points, grad_outputs and settings: the case is beyond finite
+    differences, not the Function's second derivatives wrong. Never for a surrogate spec."""
+    if case.spec.surrogate is not None:
+        return False
+    reference = reference_of_tensors(case, args, wrt_positions)
+    wrt = tuple(args[i].detach().clone().requires_grad_(True) for i in wrt_positions)
+    try:
+        torch.autograd.gradgradcheck(
+            reference, wrt, tuple(g.detach().clone().requires_grad_(True) for g in grad_outputs), eps=FD_EPS,
+            atol=FAST_ATOL if fast else SLOW_ATOL, rtol=FAST_RTOL if fast else SLOW_RTOL, fast_mode=fast,
+            check_undefined_grad=False,
+        )
+    except GradcheckError:
+        return True
+    except Exception:  # a reference that cannot run double backward excuses nothing
+        return False
+    return False
 
 
 def _first_derivatives(call: Any, count: int) -> Any:

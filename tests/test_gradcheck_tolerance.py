@@ -97,3 +97,34 @@ def test_a_declared_random_function_is_not_told_to_declare_itself_random(clean_r
     verdicts = {r.contract: r.verdict for r in raised.value.result.results}
     assert verdicts["inplace"].outcome is Outcome.FAILED, verdicts
     assert verdicts["gradcheck"].outcome is Outcome.BLOCKED and verdicts["gradcheck"].owner == "inplace", verdicts
+
+
+class _TwiceAndExp(torch.autograd.Function):
+    """(2x, exp x), right to every order: at x ~ 30 grad['x'] ~ 1e13, where an eps=1e-6 step of
+    grad_output[0] (d grad['x'] / d grad_output[0] = 2) is lost in float64's rounding."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return x * 2, y
+
+    @staticmethod
+    def backward(ctx: Any, grad_twice: torch.Tensor | None, grad_exp: torch.Tensor | None) -> torch.Tensor | None:
+        (y,) = ctx.saved_tensors
+        grad = None if grad_twice is None else grad_twice * 2
+        if grad_exp is not None:
+            grad = grad_exp * y if grad is None else grad + grad_exp * y
+        return grad
+
+
+@pytest.mark.parametrize("seed", [3, 14])
+def test_second_derivatives_finite_differences_cannot_resolve_are_not_judged(clean_registry, seed: int) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: these seeds draw x ~ 30, and gradgradcheck blamed a correct backward
+    # ("the numerical derivative is 0"); the reference's own gradgradcheck fails there too.
+    result = conformance.check(
+        _TwiceAndExp, inputs=[Tensor("x", "*batch n")], reference=lambda x: (x * 2, x.exp()),
+        dtypes=(torch.float64, torch.float32), contracts=["gradgradcheck"], device="cpu", profile="ci", seed=seed,
+    )
+    assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result

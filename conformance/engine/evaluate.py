@@ -71,6 +71,7 @@ __all__ = [
     "recorded_function_of_tensors",
     "reference_double_backward",
     "reference_jvp",
+    "reference_of_tensors",
     "run_reference",
     "undeclared_input_writes",
     "unversioned_saves",
@@ -615,6 +616,22 @@ def function_of_tensors(
     ``.requires_grad`` on every output, and differences every one). Unrecorded: gradcheck's
     hundreds of backward calls would each keep copies of their grad_outputs and saved tensors."""
     return _of_tensors(guarded(fn or case.spec.fn, allocation_policy(case.spec), shield=True), case, args, wrt_positions)
+
+
+def reference_of_tensors(case: Case, args: Sequence[Any], wrt_positions: Sequence[int]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """The spec's reference as a function of the tensors at ``wrt_positions`` (the others fixed),
+    with the floating outputs :func:`function_of_tensors` keeps of the Function's: plain torch,
+    whose derivatives finite differences can be asked about on the same points."""
+
+    def call(*wrt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(args)
+        for position, tensor in zip(wrt_positions, wrt):
+            full[position] = tensor
+        with random_state(case.spec, case):
+            outputs = as_tuple(case.spec.reference(*full))
+        return tuple(o for o in outputs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
+
+    return call
 
 
 # ----------------------------------------------------------------------------- plain functions

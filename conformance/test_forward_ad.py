@@ -40,7 +40,7 @@ from conformance.engine.finite_differences import (
 from conformance.engine.numerics import Judged, judge_against_truth, truth_and_baseline
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
-from conformance.engine.torch_text import JIT_SCRIPT_DEPRECATION
+from conformance.engine.torch_text import JIT_SCRIPT_DEPRECATION, gradcheck_input
 from strategies.cases import Case, CaseOptions
 from strategies.values import distinct_seed, grad_output_from_seed
 
@@ -76,6 +76,9 @@ def _check_in_float64(target: Target, case: Case) -> None:
             check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, check_batched_grad=False,
         )
     except GradcheckError as error:
+        named = gradcheck_input(str(error))  # torch names the first input whose Jacobian differs
+        if named is not None and named < len(names):
+            names = [names[named]]
         fail(
             f"forward-mode (jvp) Jacobian != numerical, with respect to {', '.join(repr(n) for n in names)} "
             f"[{target.spec.display_name}.jvp, torch.autograd.gradcheck(check_forward_ad=True), float64, "

@@ -109,7 +109,7 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
     spec = target.spec
     dtype = case.dtype
     dtype_name = str(dtype).removeprefix("torch.")
-    scales = ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
+    scales = "magnitude scales " + ", ".join(f"{r.name}~{r.scale:g}" for r in case.recipes if isinstance(r, TensorRecipe))
     names = [recipe.name for recipe in case.recipes]
     # The truth comes from pristine inputs and grad_outputs, rebuilt from the case: a Function that
     # writes into them (inplace's finding) must not be judged against its own clobbered values.
@@ -151,7 +151,7 @@ def _family_text(case: Case, family: str, scales: str) -> str:
             f" (about a third of the rows of {', '.join(zeros)} exactly 0, a third ~1e-3)" if zeros else ""
         ) + (", each mask with a fully masked row" if masked else "")
     if family == "single":
-        return f"single-element inputs ({scales}): each dim at its smallest legal size"
+        return f"smallest inputs ({scales}): each named dim at its smallest legal size, batch dims drawn"
     return f"{family} inputs ({scales})"
 
 

@@ -4,6 +4,8 @@ its zoo bug and only that, its correct twin passes everything, custom ops are fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -248,3 +250,36 @@ def test_a_dynamo_wrong_on_the_canary_convicts_only_a_compile_only_branch_eager_
     assert doubted.outcome("compile") == "upstream", str(doubted)
     text = doubted.results[0].verdict.message
     assert "Dynamo is wrong on a correct canary Function" in text and "(simulated)" in text, text
+
+
+class _ScaleWithWrongWeightTangent(torch.autograd.Function):
+    """x * w with a jvp off by half in w's tangent only (x's is right)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.save_for_forward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return grad * w, grad * x
+
+    @staticmethod
+    def jvp(ctx: Any, x_tangent: torch.Tensor | None, w_tangent: torch.Tensor | None) -> torch.Tensor:
+        x, w = ctx.saved_tensors
+        out = torch.zeros_like(x * w)
+        if x_tangent is not None:
+            out = out + x_tangent * w
+        if w_tangent is not None:
+            out = out + 0.5 * x * w_tangent
+        return out
+
+
+def test_forward_ad_names_the_input_whose_tangent_is_wrong(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: the failure named every input ("with respect to 'x', 'w'").
+    with pytest.raises(conformance.ConformanceFailure) as raised:
+        conformance.check(_ScaleWithWrongWeightTangent, inputs=[Tensor("x", "n"), Tensor("w", "n")], reference=torch.mul,
+                          dtypes=(torch.float64,), contracts=["forward_ad"], device="cpu", max_examples=3)
+    assert "with respect to 'w' [" in str(raised.value), str(raised.value)

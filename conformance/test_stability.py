@@ -34,6 +34,7 @@ blocked by it. float64 has no baseline to measure a budget against, and the ``de
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -128,17 +129,41 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
     # against x / max(|x|, eps)): there only a non-finite value where the truth is finite counts.
     excused = family == "degenerate" and _has_zero_rows(case)
 
+    ordinary: list[Evaluated] = []
+
+    def overflowed(key: int | str) -> torch.Tensor | None:
+        """Where the truth of output ``key`` (a position) or grad ``key`` (a name) is NaN or inf
+        only because float64 overflowed: finite at ordinary magnitudes (a masked row's -inf is
+        -inf there too, a definition; exp(925) is not)."""
+        if not ordinary:
+            moved = at_ordinary_magnitudes(case)
+            ordinary.append(truth(spec, moved, moved.args(), names, grad_outputs))
+        at_extreme, at_ordinary = _value_of(exact, key), _value_of(ordinary[0], key)
+        if at_extreme is None or at_ordinary is None or at_extreme.shape != at_ordinary.shape:
+            return None
+        return ~torch.isfinite(at_extreme.detach().cpu()) & torch.isfinite(at_ordinary.detach().cpu())
+
     def judge(full_budget: bool) -> bool:
         return _judge_case(spec, impl, dtype, exact, plain if plain is not None or not full_budget else
-                           baseline(spec, case, args, names, grad_outputs), context, nonfinite_truth_excused=excused)
+                           baseline(spec, case, args, names, grad_outputs), context, nonfinite_truth_excused=excused,
+                           overflowed=overflowed)
 
     compared = cheap_budget_first(judge)
     if compared and plain is not None:
         found = _outside_reference_rule(spec, case, impl, exact, plain, args, names, grad_outputs, context)
-        if found is not None:
+        if found is not None and not found.nonfinite:  # finiteness is judged above (float64's overflow excused)
             _unless_wrong_at_ordinary_magnitudes(target, case)
             fail(found.summary, found.details)
     return compared
+
+
+def _value_of(evaluated: Evaluated, key: int | str) -> torch.Tensor | None:
+    """Output ``key`` (a position) or the gradient of input ``key`` (a name), when a tensor."""
+    if isinstance(key, int):
+        value = evaluated.outputs[key] if key < len(evaluated.outputs) else None
+    else:
+        value = evaluated.grads.get(key)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _family_text(case: Case, family: str, scales: str) -> str:
@@ -186,13 +211,18 @@ def _outside_reference_rule(
     return judge_against_truth(spec, case.dtype, with_resamples(_judged(impl, exact, plain, args, names, context), resamples))
 
 
+def at_ordinary_magnitudes(case: Case) -> Case:
+    """``case`` with every tensor's magnitude scale at most 1 (the same shapes, masks and seeds)."""
+    return replace(case, recipes=tuple(
+        replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
+    ))
+
+
 def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
     """Blocked by reference when ``case`` with ordinary magnitudes (every scale at most 1) is
     outside the reference rule too: the values are wrong everywhere, which is the reference
     contract's defect, not a stability one."""
-    ordinary = replace(case, recipes=tuple(
-        replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
-    ))
+    ordinary = at_ordinary_magnitudes(case)
     spec = target.spec
     impl = target.preflight(ordinary)
     args = ordinary.args()
@@ -206,39 +236,42 @@ def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
 
 def _judge_case(
     spec: Spec, impl: Execution, dtype: torch.dtype, exact: Evaluated, plain: Evaluated | None, context: str,
-    *, nonfinite_truth_excused: bool = False,
+    *, nonfinite_truth_excused: bool = False, overflowed: Callable[[int | str], torch.Tensor | None] | None = None,
 ) -> bool:
     """Fail unless ``impl``'s outputs and gradients are finite where ``exact`` is (and the
     baseline ``plain``, when given, is), and, unless ``nonfinite_truth_excused``, non-finite as
-    the truth is where it is not; False when there was nothing to compare."""
+    the truth is where it is not -- any non-finite value where the truth is only float64's
+    overflow (``overflowed``: output position or gradient name -> where; asked for a failing
+    value only); False when there was nothing to compare."""
     fn_name = spec.display_name
-    compared = 0
+    # (key, got, truth, baseline, what, where) of every floating output and gradient the truth has
+    values: list[tuple[int | str, torch.Tensor, torch.Tensor, Any, str, str]] = []
     for position, (got, want) in enumerate(zip(impl.outputs, exact.outputs)):
         if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and want.is_floating_point()):
             continue
         if got.shape != want.shape:
             continue  # the reference contract reports shape mismatches
-        compared += 1
         base = plain.outputs[position] if plain is not None and position < len(plain.outputs) else None
-        found = compare_finiteness(
-            got, want, dtype, baseline=base if isinstance(base, torch.Tensor) else None,
-            what=f"output[{position}]", where=f"{fn_name}.forward, {context}", nonfinite_truth_excused=nonfinite_truth_excused,
-        )
-        if found is not None:
-            fail(found.summary, found.details)
-    for name, got in impl.grads.items():
+        values.append((position, got, want, base, f"output[{position}]", f"{fn_name}.forward, {context}"))
+    for name, grad in impl.grads.items():
         want = exact.grads.get(name)
-        if got is None or want is None or got.shape != want.shape:
+        if grad is None or want is None or grad.shape != want.shape:
             continue
-        compared += 1
+        base = plain.grads.get(name) if plain is not None else None
+        values.append((name, grad, want, base, f"grad[{name!r}]", f"{fn_name}.backward, input {name!r}, {context}"))
+    for key, got, want, base, what, where in values:
+        baseline_values = base if isinstance(base, torch.Tensor) else None
         found = compare_finiteness(
-            got, want, dtype, baseline=plain.grads.get(name) if plain is not None else None,
-            what=f"grad[{name!r}]", where=f"{fn_name}.backward, input {name!r}, {context}",
-            nonfinite_truth_excused=nonfinite_truth_excused,
+            got, want, dtype, baseline=baseline_values, what=what, where=where, nonfinite_truth_excused=nonfinite_truth_excused
         )
+        if found is not None and overflowed is not None:
+            found = compare_finiteness(
+                got, want, dtype, baseline=baseline_values, what=what, where=where,
+                nonfinite_truth_excused=nonfinite_truth_excused, overflowed=overflowed(key),
+            )
         if found is not None:
             fail(found.summary, found.details)
-    return compared > 0
+    return bool(values)
 
 
 # float64 is its own truth (no headroom): past ~cbrt(max) a product of a few inputs overflows in

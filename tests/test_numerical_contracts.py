@@ -582,3 +582,30 @@ def test_a_max_that_breaks_ties_otherwise_than_the_reference_passes_reference(cl
         contracts=["reference"], device="cpu", profile="ci", seed=seed,
     )
     assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result
+
+
+class _ScaleByExp(torch.autograd.Function):
+    """x * exp(w), w broadcast over x's rows; w's gradient summed after the product, row by row."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        e = w.exp()
+        ctx.save_for_backward(x, e)
+        return x * e
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, e = ctx.saved_tensors
+        return grad * e, (grad * x * e).reshape(-1, e.shape[-1]).sum(0)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_a_nan_where_the_truth_is_only_float64s_overflow_passes_stability(clean_registry, seed: int) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: exp(925) overflows float64 too; sum(g * x * inf) is NaN where the
+    # reference's sum(g * x) * inf is -inf, and stability failed a correct Function (7 of 12 seeds).
+    # At ordinary magnitudes the truth is finite there: not a definition (a masked row's -inf is one).
+    result = conformance.check(
+        _ScaleByExp, inputs=[Tensor("x", "*batch n"), Tensor("w", "n")], reference=lambda x, w: x * w.exp(),
+        dtypes=(torch.float64, torch.float32), contracts=["stability"], device="cpu", profile="ci", seed=seed,
+    )
+    assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result

@@ -619,11 +619,14 @@ def compare_finiteness(
     what: str,
     where: str,
     nonfinite_truth_excused: bool = False,
+    overflowed: torch.Tensor | None = None,
 ) -> Comparison | None:
     """Non-finite values must sit exactly where the truth has them: finite wherever
     :func:`checked_positions` holds, the same NaN/+-inf where the truth is NaN/+-inf, unless
     ``baseline`` (plain PyTorch in ``dtype``) is another non-finite value there too, or
-    ``nonfinite_truth_excused`` (any value where the truth is NaN)."""
+    ``nonfinite_truth_excused`` (any value where the truth is NaN); any non-finite value where
+    ``overflowed`` (the truth's NaN/inf is float64's own overflow: the order of the arithmetic
+    picks which one, sum(x * inf) is NaN where sum(x) * inf is -inf)."""
     if bool(torch.isfinite(actual).all()) and bool(torch.isfinite(truth).all()):
         return None  # the common case, with nothing non-finite to place (a tenth of the ops below)
     actual64 = actual.detach().to("cpu", torch.float64)
@@ -636,6 +639,8 @@ def compare_finiteness(
         bad = checked & ~torch.isfinite(actual64)
     elif nonfinite_truth_excused:
         bad &= ~torch.isnan(truth64)  # a formula's 0/0 at a row of zeros is no definition
+    if overflowed is not None and overflowed.shape == bad.shape:
+        bad &= ~(overflowed.to(bad.device) & ~torch.isfinite(actual64))
     if not bool(bad.any()):
         return None
     index = _first(bad)

@@ -60,7 +60,9 @@ from conformance.engine.numerics import (
     reference_truth_and_baseline,
     truth_and_baseline,
     with_resamples,
+    with_terms,
 )
+from conformance.engine.numerics import truth as float64_truth
 from conformance.engine.report import advise, describe_value, fail
 from conformance.engine.runner import Target
 from conformance.engine.triton_interpreter import interpreter_limit
@@ -305,6 +307,9 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     # reference.
     verdict = _first_finding(
         spec, low, values, finiteness=finiteness, floor_steps=floor_steps,
+        # The full budget, measured for a value outside the cheap one: the truth's term bounds (a
+        # loss of exactly 0 over one class is made of terms of size |w|) and neighbouring inputs.
+        terms=lambda: float64_truth(spec, case, pristine, names, pristine_grads, terms=True),
         resample=lambda: [under_autocast(a, g) for a, g in neighbouring_cases(
             case, pristine, pristine_grads, None if floor_steps is None else low, f"autocast {low_name}")],
     )
@@ -380,15 +385,21 @@ def _judged_outputs(outputs: Sequence[Any], truth: Evaluated, baseline: Evaluate
 
 def _first_finding(
     spec: Any, dtype: torch.dtype, values: list[Judged], *, finiteness: bool, floor_steps: int | None = None,
+    terms: Callable[[], Evaluated] | None = None,
     resample: Callable[[], Sequence[tuple[Evaluated, Evaluated]]] | None = None,
 ) -> Comparison | None:
     """The first value outside the budget (or non-finite, with ``finiteness``). A finding is
-    judged again with ``resample()``'s (baseline, truth) pairs at neighbouring inputs, which
-    only widen the budget: computed only when a value is outside it without them."""
+    judged again with the term bounds of ``terms()`` (the truth under TermMagnitudes) and
+    ``resample()``'s (baseline, truth) pairs at neighbouring inputs, which only widen the budget:
+    computed only when a value is outside it without them."""
     if not finiteness:
         found = judge_against_truth(spec, dtype, values, floor_steps=floor_steps)
+        if found is not None and terms is not None:
+            values = with_terms(values, terms())
         if found is not None and resample is not None:
             found = judge_against_truth(spec, dtype, with_resamples(values, resample()), floor_steps=floor_steps)
+        elif found is not None and terms is not None:
+            found = judge_against_truth(spec, dtype, values, floor_steps=floor_steps)
         return found
     return next(
         (found for v in values if (found := compare_finiteness(v.actual, v.truth, dtype, baseline=v.baseline, what=v.what, where=v.where))),

@@ -283,3 +283,36 @@ def test_forward_ad_names_the_input_whose_tangent_is_wrong(clean_registry) -> No
         conformance.check(_ScaleWithWrongWeightTangent, inputs=[Tensor("x", "n"), Tensor("w", "n")], reference=torch.mul,
                           dtypes=(torch.float64,), contracts=["forward_ad"], device="cpu", max_examples=3)
     assert "with respect to 'w' [" in str(raised.value), str(raised.value)
+
+
+class _LinearCrossEntropyOfOneClass(torch.autograd.Function):
+    """mean cross-entropy of x @ w.T over a single class: exactly 0, and so are its gradients. Its
+    backward recomputes the logits in float32 against forward's saved log-sum-exp (under autocast
+    a bfloat16 one): (p - 1) * w off by a bfloat16 rounding step of its terms, not of 0."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = x.float() @ w.float().t()
+        lse = torch.logsumexp(logits, -1)
+        ctx.save_for_backward(x, w, target, lse)
+        return (lse - logits.gather(1, target[:, None])[:, 0]).mean().to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, w, target, lse = ctx.saved_tensors
+        p = torch.exp(x.float() @ w.float().t() - lse[:, None])
+        p = p - torch.nn.functional.one_hot(target, p.shape[1]).to(p.dtype)
+        p = p * (grad.float() / x.shape[0])
+        return (p @ w.float()).to(x.dtype), (p.t() @ x.float()).to(w.dtype), None
+
+
+def test_autocast_measures_the_terms_of_a_result_that_is_exactly_zero(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: the budget was 11 rounding steps "at 0" (1e-39), as the truth's term
+    # bounds were never measured under autocast; the gradient was 1/30 of a step of its terms off.
+    result = conformance.check(
+        _LinearCrossEntropyOfOneClass,
+        inputs=[Tensor("x", "n h"), Tensor("w", "1 h"), conformance.Index("target", "n", high=1)],
+        reference=lambda x, w, t: torch.nn.functional.cross_entropy(x @ w.t(), t),
+        dtypes=(torch.float64, torch.float32), double_backward=False, contracts=["autocast"], device="cpu", seed=0,
+    )
+    assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result

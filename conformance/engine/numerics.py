@@ -863,6 +863,20 @@ def with_resamples(values: Sequence[Judged], resamples: Sequence[tuple[Evaluated
     return judged
 
 
+def with_terms(values: Sequence[Judged], truth: Evaluated) -> list[Judged]:
+    """``values`` with the term bounds (and chain of additions) of ``truth``, the same truth
+    evaluated under :class:`TermMagnitudes`, under the same label (a value without one keeps its own)."""
+    terms = {
+        **{f"output[{position}]": bound for position, bound in truth.output_terms.items()},
+        **{f"grad[{name!r}]": bound for name, bound in truth.grad_terms.items()},
+    }
+    return [
+        dataclasses.replace(value, terms=bound, accumulation=truth.accumulation)
+        if isinstance(bound := terms.get(value.what), torch.Tensor) and tuple(bound.shape) == tuple(value.truth.shape) else value
+        for value in values
+    ]
+
+
 def _by_label(evaluated: Evaluated) -> dict[str, Any]:
     """Each output and gradient of ``evaluated`` under its :class:`Judged` label."""
     return {

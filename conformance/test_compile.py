@@ -50,7 +50,7 @@ from conformance.engine.numerics import (
 from conformance.engine.report import advise, fail, upstream, upstream_noted
 from conformance.engine.repro import torch_only_script
 from conformance.engine.runner import Target
-from conformance.engine.torch_text import dynamo_refuses_jvp, without_guard_latency_profile
+from conformance.engine.torch_text import dynamo_refuses_jvp, dynamo_unbacked_symbol, without_guard_latency_profile
 from conformance.engine.triton_interpreter import runs_interpreted
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe
@@ -304,6 +304,14 @@ def _upstream_or_defect(
     fail(summary, *details)
 
 
+# Where Dynamo fails on a number read from a tensor's values: what the Function's author can change.
+UNBACKED_WORKAROUND = (
+    "The unbacked symbol is a number forward reads from a tensor's values (int(t), t.item(), a count kept on "
+    "ctx): keep it a tensor (ctx.save_for_backward(count), divide by it as a tensor) and the Function traces "
+    "as one graph."
+)
+
+
 def _trace_advice(target: Target, error: BaseException, backend: str, case: Case) -> None:
     """A Function that does not trace as one graph: a defect when the spec promises fullgraph,
     else advice naming Dynamo's reason (and the Function's own definition, where that is the cause)."""
@@ -324,6 +332,7 @@ def _trace_advice(target: Target, error: BaseException, backend: str, case: Case
             f"torch's bug: Dynamo failed internally under fullgraph=True ({type(error).__name__}, not a graph break of the "
             f"Function); without fullgraph it runs and matches eager [{where}]",
             f"{type(error).__name__}: {text[:1500]}",
+            *((UNBACKED_WORKAROUND,) if dynamo_unbacked_symbol(text) else ()),
             "Meanwhile torch.compile without fullgraph=True works for this Function; to report it, call "
             "torch.compile(fn, fullgraph=True, backend=...) on the case below.",
         )

@@ -316,3 +316,31 @@ def test_autocast_measures_the_terms_of_a_result_that_is_exactly_zero(clean_regi
         dtypes=(torch.float64, torch.float32), double_backward=False, contracts=["autocast"], device="cpu", seed=0,
     )
     assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result
+
+
+class _MeanOverACountReadInForward(torch.autograd.Function):
+    """A masked mean that keeps its count as a Python int (int(tensor) in forward): right in
+    eager; Dynamo under fullgraph fails internally on the number (an unbacked symbol)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        count = valid.sum().clamp(min=1)
+        ctx.count = int(count)
+        ctx.save_for_backward(valid)
+        return (x * valid).sum() / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (valid,) = ctx.saved_tensors
+        return grad / ctx.count * valid.to(grad.dtype), None
+
+
+def test_compile_names_a_number_read_from_a_tensor_as_the_workaround(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: torch's message points at the suite's own frame, not the int() line.
+    result = conformance.check(
+        _MeanOverACountReadInForward, inputs=[Tensor("x", "n"), conformance.Mask("valid", "n")],
+        reference=lambda x, valid: (x * valid).sum() / valid.sum().clamp(min=1),
+        dtypes=(torch.float64,), contracts=["compile"], device="cpu", seed=0,
+    )
+    assert result.outcome("compile") == "upstream", str(result)
+    assert "keep it a tensor" in result.results[0].verdict.message, result.results[0].verdict.message

@@ -17,6 +17,7 @@ from conformance.engine.torch_text import (
     JIT_SCRIPT_DEPRECATION,
     PINNED_TORCH,
     dynamo_refuses_jvp,
+    dynamo_unbacked_symbol,
     gradcheck_input,
     gradcheck_not_reentrant,
     is_once_differentiable_node,
@@ -251,3 +252,27 @@ def test_the_jit_script_deprecation_warning_is_matched() -> None:
         str(w.message) for w in deprecations
     ]
     assert not re.match(JIT_SCRIPT_DEPRECATION, "torch.jit.trace is fine", re.IGNORECASE)
+
+
+class _MeanOverACountReadInForward(torch.autograd.Function):
+    """A masked mean that keeps its count as a Python int (int(tensor) in forward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        count = valid.sum().clamp(min=1)
+        ctx.count = int(count)
+        return (x * valid).sum() / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad / ctx.count * torch.ones(1, dtype=grad.dtype), None
+
+
+def test_dynamo_failing_on_a_number_read_from_a_tensor_is_recognised() -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, v: _MeanOverACountReadInForward.apply(x, v), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as raised:
+        compiled(torch.rand(5, dtype=torch.float64, requires_grad=True), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64))
+    torch._dynamo.reset()
+    assert dynamo_unbacked_symbol(str(raised.value)), str(raised.value)[:300]
+    assert not dynamo_unbacked_symbol("Dynamo does not know how to trace the builtin `print`")

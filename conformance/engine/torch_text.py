@@ -21,6 +21,7 @@ __all__ = [
     "JIT_SCRIPT_DEPRECATION",
     "PINNED_TORCH",
     "dynamo_refuses_jvp",
+    "dynamo_unbacked_symbol",
     "gradcheck_input",
     "gradcheck_not_reentrant",
     "is_once_differentiable_node",
@@ -127,6 +128,13 @@ def dynamo_refuses_jvp(text: str) -> bool:
     """Dynamo's refusal to trace an autograd.Function that defines ``jvp`` (``text``: the error's
     message, whitespace collapsed)."""
     return "jvp" in text
+
+
+def dynamo_unbacked_symbol(text: str) -> bool:
+    """Dynamo failing on an unbacked symbol: a number read from a tensor's values (``int(t)``,
+    ``t.item()``) that the traced region does not return ("Pending unbacked symbols {u1} not in
+    returned outputs"; ``text``: the error's message)."""
+    return "unbacked symbol" in text.lower()
 
 
 def writes_overlapping_memory(error: BaseException) -> bool:

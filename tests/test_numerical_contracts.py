@@ -609,3 +609,35 @@ def test_a_nan_where_the_truth_is_only_float64s_overflow_passes_stability(clean_
         dtypes=(torch.float64, torch.float32), contracts=["stability"], device="cpu", profile="ci", seed=seed,
     )
     assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result
+
+
+class _ClampBetweenLearnedBounds(torch.autograd.Function):
+    """clamp(x, lo, hi) with tensor bounds; at x == hi the gradient goes to x, as torch.clamp's
+    does (the reference's minimum(maximum(x, lo), hi) splits it in half: both are right)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, lo, hi)
+        return torch.minimum(torch.maximum(x, lo), hi)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, lo, hi = ctx.saved_tensors
+        below, above = x < lo, x > hi
+        inside = ~(below | above)
+        return (grad * inside).sum_to_size(x.shape), (grad * below).sum_to_size(lo.shape), (grad * above).sum_to_size(hi.shape)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ties_that_bfloat16_rounding_makes_between_inputs_pass_reference(clean_registry, seed: int) -> None:  # type: ignore[no-untyped-def]
+    # A new user's trial: an ascending x against bounds meets them exactly in bfloat16 (not in the
+    # float64 draws); the random neighbouring steps left some tie in place, and reference failed
+    # a correct Function on every seed. Each input moved alone breaks every such tie.
+    result = conformance.check(
+        _ClampBetweenLearnedBounds,
+        inputs=[Tensor("x", "*batch n"), Tensor("lo", "n", domain=(-2.0, -0.5)), Tensor("hi", "n", domain=(0.5, 2.0))],
+        reference=lambda x, lo, hi: torch.minimum(torch.maximum(x, lo), hi),
+        dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+        contracts=["reference"], device="cpu", profile="ci", seed=seed,
+    )
+    assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result

@@ -95,6 +95,7 @@ __all__ = [
     "reordering_tolerance",
     "rounding_floor",
     "strict_float32",
+    "tie_breaking_cases",
     "truth",
     "truth_and_baseline",
     "ulp",
@@ -811,9 +812,15 @@ def neighbours(value: Any, generator: torch.Generator, step_dtype: torch.dtype |
     """
     if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
         return value, value
-    base = value.detach()
     # On the generator's device, whatever a Function left as the default device.
-    step = (torch.randint(0, 3, base.shape, generator=generator, device=generator.device) - 1).to(base.device)
+    step = (torch.randint(0, 3, value.shape, generator=generator, device=generator.device) - 1).to(value.device)
+    return _stepped(value, step, step_dtype)
+
+
+def _stepped(value: torch.Tensor, step: torch.Tensor, step_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``value`` with each element moved ``step`` (-1, 0 or 1) rounding steps of ``step_dtype``
+    (default its own), and the mirror image; infinite elements stay."""
+    base = value.detach()
     finite = torch.isfinite(base)  # an infinity (a -inf mask) stays what it is
     if step_dtype is None or step_dtype == base.dtype:
         up = torch.where(finite, torch.nextafter(base, torch.full_like(base, math.inf)), base)
@@ -847,6 +854,25 @@ def neighbouring_cases(
         grad_pairs = {p: neighbours(g, generator, step_dtype) for p, g in grad_outputs.items()}
         for side in (0, 1):
             yield [pair[side] for pair in arg_pairs], {p: pair[side] for p, pair in grad_pairs.items()}
+
+
+def tie_breaking_cases(
+    args: Sequence[Any], grad_outputs: Mapping[int, torch.Tensor], step_dtype: torch.dtype | None,
+) -> Iterator[tuple[list[Any], dict[int, torch.Tensor]]]:
+    """Neighbouring inputs that break every tie between two inputs and between neighbouring
+    elements of one: each floating input alone moved one rounding step up and down (x against a
+    clamp bound, a margin's x - y), then moved up at even and down at odd flat positions and the
+    mirror image (a running max's equal neighbours). The random steps of :func:`neighbouring_cases`
+    leave a tie in place wherever two tied elements happen to move alike, and a coarse dtype's grid
+    makes many ties (an ascending row against bounds in bfloat16): at a tie no gradient is right
+    or wrong, and these show how far the truth jumps there."""
+    for position, value in enumerate(args):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel()):
+            continue
+        parity = 1 - 2 * (torch.arange(value.numel(), device=value.device) % 2).reshape(value.shape)
+        for step in (torch.ones_like(parity), parity):
+            for moved in _stepped(value, step, step_dtype):
+                yield [moved if k == position else a for k, a in enumerate(args)], dict(grad_outputs)
 
 
 def with_resamples(values: Sequence[Judged], resamples: Sequence[tuple[Evaluated, Evaluated]]) -> list[Judged]:

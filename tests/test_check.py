@@ -456,3 +456,14 @@ def test_a_workspace_interleaved_with_the_output_is_backwards_own(clean_registry
     result = conformance.check(_PackedWorkspace, inputs=[Tensor("x", "n")], reference=lambda x: x**3,
                                contracts=["inplace"], device="cpu")
     assert result.results[0].verdict.outcome is Outcome.ADVICE, str(result)
+
+
+def test_check_takes_a_registered_custom_op_itself() -> None:
+    # A new user's trial: check(op) raised "not a registered Function" for the op register() took.
+    import reference_ops.custom_ops as custom_ops  # registers its specs: only in the test that needs them
+
+    for given in (custom_ops.softplus, torch.ops.conformance_ref.softplus, torch.ops.conformance_ref.softplus.default):
+        result = conformance.check(given, contracts=["return_count"], device="cpu", max_examples=1)
+        assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], (given, result)
+    with pytest.raises(TypeError, match="not a registered Function"):
+        conformance.check(torch.ops.aten.add, contracts=["return_count"], device="cpu")

@@ -243,6 +243,18 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return found
 
 
+def _custom_op_name(target: Any) -> str | None:
+    """``"namespace::name"`` of a custom op given as its ``CustomOpDef``, ``torch.ops.namespace.name``
+    or one of its overloads; None for anything else."""
+    for attribute in ("_qualname", "_qualified_op_name"):
+        name = getattr(target, attribute, None)
+        if isinstance(name, str) and "::" in name:
+            return name
+    schema = getattr(target, "_schema", None)
+    name = getattr(schema, "name", None)
+    return name if isinstance(name, str) and "::" in name else None
+
+
 def _specs_of(target: Any, register_keywords: dict[str, Any]) -> tuple[list[Spec], str]:
     """The specs ``target`` names, and the ``--impl`` value repro scripts load them by."""
     if register_keywords:
@@ -268,6 +280,9 @@ def _specs_of(target: Any, register_keywords: dict[str, Any]) -> tuple[list[Spec
                 f"--impl value: {error}"
             ) from None
     same = [s for s in registered() if target in (s.fn, s.op.function)]
+    qualname = _custom_op_name(target)
+    if not same and qualname is not None:  # a custom op: its CustomOpDef, torch.ops.ns.name or its .default
+        same = [s for s in registered() if s.op.kind == "custom op" and s.op.display_name == qualname]
     if same:
         return same, ""
     raise TypeError(

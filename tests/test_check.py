@@ -140,10 +140,16 @@ def test_with_register_keywords_dtypes_are_the_functions_not_a_filter(clean_regi
          ValueError, "max_examples=0 must be >= 1"),
         (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts="gradcheck"),
          TypeError, "contracts='gradcheck' must be a list"),
-        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], refrence=torch.sin), TypeError, "'refrence'"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], refrence=torch.sin), TypeError, "did you mean reference=?"),
+        # A new user's trial: contract= was taken for a register() keyword, and contracts=[] ran everything.
+        (lambda: conformance.check("square", contract=["gradcheck"]), TypeError, "contract=['gradcheck']; did you mean contracts=?"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts=[]),
+         ValueError, "contracts=[] chooses no contract"),
+        (lambda: conformance.check(_Cube, inputs=[Tensor("x", "n")], reference=torch.sin, contracts=["gradcheck"],
+                                   skip_contracts=["gradcheck"]), ValueError, "leaves no contract"),
     ],
     ids=["unknown-name", "bare-function", "keywords-with-a-name", "contract", "profile", "dtype", "examples",
-         "contracts-str", "keyword-typo"],
+         "contracts-str", "keyword-typo", "check-keyword-typo", "no-contracts", "all-skipped"],
 )
 def test_bad_arguments_are_refused_echoing_the_value(call, error, echo, clean_registry) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error) as raised:

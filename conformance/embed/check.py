@@ -13,7 +13,9 @@ Function that kills its process kills the caller's; run it under the plugin for 
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import os
 import re
 import shlex
@@ -41,7 +43,7 @@ from conformance.engine.verdict import Outcome, Verdict, unreported_defects
 from conformance.engine.watchdog import FlightRecorder
 from conformance.plugin.devices import choose_triton_interpreter, cuda_usable, no_cuda_reason, worker_gpu
 from conformance.plugin.options import parse_options
-from conformance.spec import Spec, make_specs, registered
+from conformance.spec import Spec, make_specs, register, registered
 
 __all__ = ["CheckResult", "ConformanceFailure", "ContractResult", "check"]
 
@@ -197,6 +199,7 @@ def check(
     mean, with the same defaults. Raises :class:`ConformanceFailure` when a contract fails (unless
     ``raise_on_failure=False``); returns the :class:`CheckResult` otherwise.
     """
+    _reject_unknown_keywords(register_keywords)
     choose_triton_interpreter()  # before any kernel module is imported, as the plugin does
     if register_keywords and dtypes is not None:
         # The spec is made here: dtypes= is register()'s (what the Function supports), not a filter
@@ -241,6 +244,21 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if not isinstance(found, torch.dtype):
         raise TypeError(f"dtypes entry {dtype!r} is not a torch dtype")
     return found
+
+
+def _reject_unknown_keywords(register_keywords: dict[str, Any]) -> None:
+    """A keyword neither check() nor register() takes (``contract=`` for ``contracts=``): a
+    TypeError naming it and the closest keyword either takes."""
+    registers = [name for name in inspect.signature(register).parameters if name != "fn"]
+    own = [name for name in inspect.signature(check).parameters if name not in ("target", "register_keywords")]
+    for key, value in register_keywords.items():
+        if key in registers:
+            continue
+        close = difflib.get_close_matches(key, own + registers, n=1)
+        raise TypeError(
+            f"check() got an unknown keyword {key}={value!r}" + (f"; did you mean {close[0]}=?" if close else "")
+            + f". check() takes {', '.join(own)}; with a Function or custom op also register()'s {', '.join(registers)}"
+        )
 
 
 def _custom_op_name(target: Any) -> str | None:
@@ -380,7 +398,11 @@ def _chosen_contracts(known: dict[str, ContractInfo], contracts: Sequence[str] |
         unknown = [c for c in given if c not in known]
         if unknown:
             raise ValueError(f"{name}={list(given)!r}: unknown contracts {unknown}; choose from {', '.join(sorted(known))}")
-    wanted = set(contracts or known) - set(skip_contracts)
+    if contracts is not None and not list(contracts):
+        raise ValueError("contracts=[] chooses no contract; leave it out (None) to run every contract")
+    wanted = set(known if contracts is None else contracts) - set(skip_contracts)
+    if not wanted:
+        raise ValueError(f"skip_contracts={list(skip_contracts)!r} leaves no contract of contracts={contracts!r} to run")
     return [known[name] for name in sorted(known) if name in wanted]
 
 

@@ -33,12 +33,21 @@ def test_parse_shard_rejects(text: str, says: str) -> None:
     assert repr(text) in str(raised.value)
 
 
-def test_rows_go_to_the_lightest_slice_largest_first() -> None:
+def test_rows_go_to_the_lightest_slice_largest_first_device_by_device() -> None:
     rows = {("a", "cpu"): 23, ("b", "cpu"): 23, ("c", "cpu"): 10, ("d", "cpu"): 10, ("e", "cpu"): 5, ("a", "cuda"): 23}
     slices = shard_of_rows(rows, 3)
-    assert slices == {("a", "cpu"): 1, ("a", "cuda"): 2, ("b", "cpu"): 3, ("c", "cpu"): 1, ("d", "cpu"): 2, ("e", "cpu"): 3}
+    assert slices == {("a", "cpu"): 1, ("b", "cpu"): 2, ("c", "cpu"): 3, ("d", "cpu"): 3, ("e", "cpu"): 3, ("a", "cuda"): 1}
     assert shard_of_rows(dict(reversed(list(rows.items()))), 3) == slices  # the order rows arrive in does not matter
-    assert set(shard_of_rows(rows, 10).values()) == set(range(1, 7))  # one row per slice, four slices empty
+    cpu_slices = {slices_ for row, slices_ in shard_of_rows(rows, 10).items() if row[1] == "cpu"}
+    assert cpu_slices == set(range(1, 6))  # one CPU row per slice, five slices without one
+
+
+def test_a_cpu_only_runner_gets_cpu_rows_in_every_slice() -> None:
+    # A new user's trial: --device=auto on a runner without CUDA, 2 slices: one ran every CPU test,
+    # the other only CUDA rows, all "not run here".
+    rows = {(name, device): 23 for name in "abcd" for device in ("cpu", "cuda")}
+    slices = shard_of_rows(rows, 2)
+    assert sorted(slices[(name, "cpu")] for name in "abcd") == [1, 1, 2, 2]
 
 
 def _report(shard: str, results: list[dict[str, Any]], **run: Any) -> dict[str, Any]:

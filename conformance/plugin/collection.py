@@ -192,15 +192,18 @@ def function_by_function(items: list[pytest.Item], *, slow: Callable[[Spec, str]
 
 
 def shard_of_rows(tests_per_row: Mapping[tuple[str, str], int], shards: int) -> dict[tuple[str, str], int]:
-    """Slice (1..shards) of each (function, device) row: the largest rows first, each to the slice
-    with the fewest tests so far (the lowest on ties). Depends only on the rows and their counts, so
-    every machine of a sharded run computes the same slices."""
-    load = [0] * shards
+    """Slice (1..shards) of each (function, device) row: each device's rows spread over every slice,
+    the largest first, each to the slice with the fewest tests of that device so far (the lowest on
+    ties). A runner without CUDA skips every CUDA row: balanced over all rows at once, one slice of a
+    CPU-only run got the CUDA rows and ran nothing (a new user's trial). Depends only on the rows and
+    their counts, so every machine of a sharded run computes the same slices."""
+    load: dict[str, list[int]] = {}
     assigned = {}
-    for row, count in sorted(tests_per_row.items(), key=lambda entry: (-entry[1], entry[0])):
-        lightest = min(range(shards), key=lambda index: (load[index], index))
+    for row, count in sorted(tests_per_row.items(), key=lambda entry: (entry[0][1], -entry[1], entry[0])):
+        device_load = load.setdefault(row[1], [0] * shards)
+        lightest = min(range(shards), key=lambda index: (device_load[index], index))
         assigned[row] = lightest + 1
-        load[lightest] += count
+        device_load[lightest] += count
     return assigned
 
 

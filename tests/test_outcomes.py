@@ -144,3 +144,23 @@ def test_report_files(pytester: pytest.Pytester) -> None:
     assert "--seed=7" in failed["rerun"] and "--profile=ci" in failed["rerun"]
     assert "| wrong_dtype_grad-cpu | **FAIL** |" in (report.parent / "conformance.md").read_text()
     assert "wrong_dtype_grad" in (report.parent / "conformance.html").read_text()
+
+
+def test_a_whole_functions_entry_is_met_while_one_of_its_tests_deviates(pytester: pytest.Pytester) -> None:
+    # A new user's trial: a Function-wide entry, as the README shows, was called stale ("passed,
+    # the deviation is gone") while its failing contract was xfailed, each passing contract was an
+    # XPASS, and --strict-expectations failed every one of them.
+    path = _write(pytester, [{"function": "wrong_dtype_grad", "reason": "fp32 grads by design, #3"},
+                             {"function": "missing_transpose", "reason": "fixed since"}])
+    args = (str(CONFORMANCE_DIR), f"--impl={ZOO / 'core_bugs.py'}", "--device=cpu", "--max-examples=3",
+            "--contracts=grad_meta,return_count", "-p", "no:cacheprovider", f"--expectations={path}", "--strict-expectations")
+    met = pytester.runpytest_inprocess(*args, "-k", "wrong_dtype_grad")
+    assert met.ret == pytest.ExitCode.OK, met.stdout.str()
+    outcomes = met.parseoutcomes()
+    assert outcomes.get("xfailed") == 1 and not outcomes.get("failed"), outcomes  # grad_meta deviates; return_count passes
+    text = met.stdout.str()
+    assert "[function=wrong_dtype_grad]: passed, the deviation is gone" not in text, text
+    assert "XPASS return_count" not in text and "wrong_dtype_grad-cpu  x  ." in text, text  # the matrix: a pass
+    gone = pytester.runpytest_inprocess(*args, "-k", "missing_transpose")
+    assert "[function=missing_transpose]: passed, the deviation is gone" in gone.stdout.str()
+    assert gone.ret == pytest.ExitCode.TESTS_FAILED  # strict: a stale entry fails the run

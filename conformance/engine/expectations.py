@@ -12,7 +12,9 @@ only when the failing example is in that dtype; a failure in another dtype still
 Staleness is decided where every report arrives (the controller under xdist), against every
 test the run *could* collect, so serial and ``-n 2`` runs agree: an entry that selects no test
 of the registered Functions is stale, and so is one whose test passed (XPASS, or its dtype was
-exercised without failing).
+exercised without failing). An entry that selects several tests (a whole Function: its defect
+fails one contract and blocks the others, which pass where it is not met) is stale only when none
+of them deviated; its tests that pass are passes, never a strict XPASS.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class Expectation:
     dtype: str | None = None
     label: str = ""  # how the file wrote it, for messages
 
+    @property
+    def one_test(self) -> bool:
+        """Whether the entry names one test (a contract, a function and a device, in every dtype)."""
+        return None not in (self.contract, self.function, self.device) and self.dtype is None
+
     def selects(self, contract: str, function: str, device: str) -> bool:
         return all(
             wanted is None or wanted == got
@@ -58,6 +65,7 @@ class Expectations:
     entries: tuple[Expectation, ...]
     strict: bool = False
     xpassed: set[str] = field(default_factory=set)  # labels of entries whose test passed
+    deviated: set[str] = field(default_factory=set)  # labels of entries whose test failed as expected (xfailed)
 
     @classmethod
     def load(cls, path: str, *, strict: bool = False, dtypes: Iterable[str] = ()) -> Expectations:
@@ -86,8 +94,12 @@ class Expectations:
             for e in self.entries
             if not any(e.selects(*test) for test in possible)
         ]
-        lines += [f"{label}: passed, the deviation is gone" for label in sorted(self.xpassed)]
+        lines += [f"{label}: passed, the deviation is gone" for label in sorted(self.xpassed - self.deviated)]
         return lines
+
+    def one_test(self, label: str) -> bool:
+        """Whether the entry written ``label`` names one test (see :attr:`Expectation.one_test`)."""
+        return any(e.label == label and e.one_test for e in self.entries)
 
 
 def expected_in(expectations: Sequence[Expectation], dtype: object) -> Expectation | None:

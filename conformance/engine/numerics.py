@@ -764,6 +764,12 @@ def compare_budget(
         f"computed from{_accumulated_text(accumulated, accumulation)}) = {allowed:.6g} [{where}]"
     )
     details = mismatch_report(_shown(actual64, truth64, checked), truth64, allowed=allowed, baseline=baseline_error)
+    if local > reference_error:  # budgets differ by element: the summary's is the furthest outside its own
+        details += (
+            f"\nThe summary's element {index} is the one furthest outside its own budget (per element: how far the "
+            "truth moves there); the greatest difference above may sit where the truth moves more. "
+            f"Allowed at {index}: {allowed:.6g}."
+        )
     if resampled:
         details += (
             f"\nReference's own error, largest over {1 + len(resampled)} evaluations in "

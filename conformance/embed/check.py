@@ -231,6 +231,7 @@ def check(
     results = [found[key] for key in sorted(found)]  # contract by contract, as documented
     result = CheckResult(tuple(results), seed=seed, profile=profile, max_examples=max_examples)
     if raise_on_failure and not result.passed:
+        __tracebackhide__ = True  # pytest shows the calling test's line, not this function's body
         raise ConformanceFailure(result)
     return result
 

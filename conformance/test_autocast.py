@@ -61,6 +61,7 @@ from conformance.engine.numerics import (
     truth_and_baseline,
     with_resamples,
     with_terms,
+    without_undefined_nans,
 )
 from conformance.engine.numerics import truth as float64_truth
 from conformance.engine.report import advise, describe_value, fail
@@ -255,7 +256,7 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
             spec, [cast(a) for a in moved], names, {p: cast(g) for p, g in moved_grads.items()},
             autocast=None if exact else (device, low),
         ))
-        return baseline, truth
+        return baseline, without_undefined_nans(spec, case, moved, names, truth)
 
     try:
         baseline, truth = under_autocast(pristine, pristine_grads)

@@ -27,10 +27,11 @@ from conformance.engine.finite_differences import (
     FD_SPACING,
     check_first_derivatives,
     jacobian_mismatch,
+    surrogate_mismatch,
     unresolvable_outputs,
 )
 from conformance.engine.harness import Execution
-from conformance.engine.numerics import blocked_by_wrong_values, exactly_equal
+from conformance.engine.numerics import blocked_by_wrong_values
 from conformance.engine.report import fail
 from conformance.engine.runner import Target
 from conformance.engine.torch_text import (
@@ -39,9 +40,6 @@ from conformance.engine.torch_text import (
     jacobian_pair,
 )
 from strategies.cases import Case, CaseOptions
-
-SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
-
 
 # Elements kept FD_SPACING apart and from declared kinks: a central difference across a
 # near-tie or a kink has no right answer (see strategies.values.spread).
@@ -121,21 +119,9 @@ def check_surrogate(target: Target, data: st.DataObject) -> None:
     _, expected = run_reference(
         target.spec.surrogate, case, dtype=torch.float64, device=case.device, grad_outputs_from=execution.grad_outputs_before
     )
-    for name, grad in execution.grads.items():
-        want = expected.get(name)
-        if want is None or grad is None:
-            # None and zeros are the same gradient (an input the output ignores may get either)
-            other = grad if want is None else want
-            if other is not None and bool(other.ne(0).any()):
-                got, should = ("None", "the surrogate's nonzero gradient") if grad is None else ("a nonzero tensor", "zero (the surrogate's is None)")
-                fail(f"grad[{name!r}]={got}, but should be {should} [float64, autograd gradient of the declared surrogate]")
-            continue
-        if exactly_equal(grad, want):
-            continue
-        try:
-            torch.testing.assert_close(grad, want, atol=SURROGATE_ATOL, rtol=SURROGATE_RTOL)
-        except AssertionError as error:
-            fail(f"grad[{name!r}] != autograd gradient of the declared surrogate [float64]", str(error))
+    mismatch = surrogate_mismatch(execution.grads, expected)
+    if mismatch is not None:
+        fail(*(part for part in mismatch if part))
     target.checked()
 
 

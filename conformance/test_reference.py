@@ -22,7 +22,7 @@ two identical calls, undeclared, are determinism's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,16 +30,18 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel, function_of_tensors
-from conformance.engine.finite_differences import blocked_by_wrong_first_derivatives
+from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
+    Comparison,
+    Spread,
     cheap_budget_first,
     compare_budget,
     compare_finiteness,
     compare_float64,
     compare_plain,
     evaluate_spec,
+    float64_tolerance,
     floor_ulps,
     largest_checked,
     multiplier,
@@ -50,9 +52,11 @@ from conformance.engine.numerics import (
     tie_dim,
     truth_and_baseline,
     upcast,
+    without_undefined_nans,
 )
 from conformance.engine.report import ContractFailure, describe_value, fail
 from conformance.engine.runner import Target
+from conformance.engine.ties import TieGroups, compare_tie_sums, tie_groups, tie_slot_cases
 from conformance.spec import Spec
 from strategies.cases import Case, CaseOptions
 from strategies.values import MASK_KINDS
@@ -78,6 +82,7 @@ def _check_values(target: Target, case: Case, dtype: torch.dtype, impl: Executio
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
 
     truth, baseline = _truth_and_baseline(spec, case, pristine, names, grad_outputs)
+    ties = _drawn_ties(case, pristine)
 
     def resampled(moved: Iterable[tuple[list[Any], dict[int, torch.Tensor]]]) -> list[tuple[Evaluated, Evaluated]]:
         pairs = []
@@ -86,31 +91,38 @@ def _check_values(target: Target, case: Case, dtype: torch.dtype, impl: Executio
             pairs.append((moved_baseline, moved_truth))
         return pairs
 
+    def broken_ties() -> list[tuple[Evaluated, Evaluated]]:
+        # At a tie the random steps left in place (each input alone moved, neighbouring elements
+        # apart, each drawn tie in every order), the truth may jump by as much as the difference.
+        tied_at = {names.index(name): groups for name, groups in ties.items()}
+        return resampled(tie_breaking_cases(pristine, grad_outputs, None)) + resampled(tie_slot_cases(pristine, grad_outputs, tied_at))
+
     def judge(full_budget: bool) -> bool:
-        if not full_budget or dtype == torch.float64:  # float64's rule has no budget to widen
-            return _judge_dtype(target, impl, truth, baseline, [], dtype, final=full_budget)
+        if not full_budget or dtype == torch.float64:  # float64's rule has no budget to widen, but at ties
+            moved = broken_ties() if full_budget and ties else []
+            return _judge_dtype(target, impl, truth, baseline, moved, dtype, final=full_budget, ties=ties)
         judged_truth = _truth_with_terms(spec, case, pristine, names, grad_outputs)
         resamples = resampled(neighbouring_cases(case, pristine, grad_outputs, None, dtype_name))
-        if torch.finfo(dtype).bits <= 16:  # a coarse grid makes ties between drawn values
+        if torch.finfo(dtype).bits <= 16 or ties:  # a coarse grid makes ties between drawn values
             try:
-                return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype, final=False)
+                return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype, final=False, ties=ties)
             except ContractFailure:
-                # Still outside: at a tie the random steps left in place (each input alone moved, and
-                # neighbouring elements apart), the truth may jump by as much as the difference.
-                resamples += resampled(tie_breaking_cases(pristine, grad_outputs, None))
-        return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype, final=True)
+                resamples += broken_ties()
+        return _judge_dtype(target, impl, judged_truth, baseline, resamples, dtype, final=True, ties=ties)
 
     return cheap_budget_first(judge)
 
 
 def _judge_dtype(
     target: Target, impl: Execution, truth: Evaluated, baseline: Evaluated, resamples: list[tuple[Evaluated, Evaluated]], dtype: torch.dtype,
-    *, final: bool,
+    *, final: bool, ties: Mapping[str, TieGroups],
 ) -> bool:
     """Fail unless every output and gradient of ``impl`` is within the policy's budget around
     the truth (term bounds and ``resamples`` widen it); False when there was nothing to compare.
     ``final``: the judgement whose failure stands (the full budget's), where a wrong gradient
-    that is gradcheck's defect blocks this contract instead (:func:`_blocked_by_gradcheck`)."""
+    that is gradcheck's defect blocks this contract instead (``Target.blocked_by_wrong_gradients``).
+    ``ties``: the drawn ties of inputs, by name, whose gradients' sums over each tie are judged
+    too (:func:`conformance.engine.ties.compare_tie_sums`)."""
     spec = target.spec
     fn_name = spec.display_name
     dtype_name = str(dtype).removeprefix("torch.")
@@ -127,6 +139,7 @@ def _judge_dtype(
     pairs: list[
         tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], str, torch.Tensor | None]
     ] = []
+    tie_sums: list[tuple[str, Any]] = []  # (input name, its gradient's pair) for inputs with drawn ties
     plain: list[tuple[int, Any, Any, Any]] = []  # non-tensor outputs, compared once the call's scale is known
     for position, (got, want, base) in enumerate(zip(impl.outputs, truth.outputs, baseline.outputs)):
         where = f"{fn_name}.forward, {dtype_name}"
@@ -170,6 +183,8 @@ def _judge_dtype(
         ]
         where = f"{fn_name}.backward, input {name!r}, {dtype_name}, vs the {grad_source}"
         pairs.append((f"grad[{name!r}]", "grad", got, want, base, moved, where, truth.grad_terms.get(name)))
+        if name in ties:  # judged after every element is (the sums are only meaningful then)
+            tie_sums.append((name, pairs[-1]))
 
     # The floor's scale: the largest |truth| of the call (see compare_budget).
     floor_at = max((largest_checked(w, dtype) for _, _, _, w, _, _, _, _ in pairs if w.is_floating_point()), default=0.0)
@@ -181,12 +196,15 @@ def _judge_dtype(
         if comparison is not None:
             fail(comparison.summary, comparison.details)
     tied: int | None = None  # the dim along which an index output broke ties in another order than the reference
+    spreads = {f"grad[{name!r}]": groups.spread for name, groups in ties.items()}  # a tie may split a gradient any way
     for what, which, got, want, base, moved, where, terms in pairs:
+        spread = spreads.get(what)
         if not want.is_floating_point():
-            if not torch.equal(got.cpu(), want.cpu()):
+            mismatch = _exact_mismatch(got, want, base, dtype_name, what=what, where=where)
+            if mismatch is not None:
                 tied = tie_dim(got, want, impl.args)
                 if tied is None:
-                    fail(f"{what} differs from the reference (a non-floating output, compared exactly) [{where}]")
+                    fail(mismatch)
             continue
         if which == "grad" and tied is not None and got.ndim > tied:
             # Tied elements swap their gradients (outputs come first): each line along the tied dim as a multiset.
@@ -194,38 +212,79 @@ def _judge_dtype(
             got, want, base = (t.sort(dim=tied).values for t in (got, want, base))
             moved = [(b.sort(dim=tied).values, t.sort(dim=tied).values) for b, t in moved]
             terms = None
-        if dtype == torch.float64:
-            comparison = compare_finiteness(got, want, dtype, what=what, where=where) or compare_float64(
-                got, want, what=what, where=where, spec=spec
-            )
-        else:
-            comparison = compare_budget(
-                got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, accumulation=truth.accumulation,
-                k=multiplier(spec, dtype, which),
-                what=what, where=where, steps=floor_ulps(spec, dtype),
-            )
+        comparison = _compare_value(spec, dtype, (what, which, got, want, base, moved, where, terms), floor_at, truth.accumulation, spread)
         if comparison is not None:
             if comparison.nonfinite and final:  # NaN or inf where the truth is finite: stability's defect
                 raise Blocked(Defect("stability", comparison.summary, (comparison.details,)), impl.case)
             if which == "grad" and final:
-                _blocked_by_gradcheck(target, impl.case, comparison.summary)
+                target.blocked_by_wrong_gradients(impl.case, comparison.summary)
             fail(comparison.summary, comparison.details)
+    _judge_tie_sums(target, impl, truth, dtype, [(name, ties[name], pair) for name, pair in tie_sums], floor_at=floor_at, final=final)
     return bool(pairs) or bool(plain)
 
 
-def _blocked_by_gradcheck(target: Target, case: Case, found: str) -> None:
-    """One defect, one failure: a gradient that differs from the reference's while every output
-    agrees is gradcheck's defect where gradcheck runs (float64 kept) and finite differences of
-    this case in float64 disagree with it too; this contract is then blocked by gradcheck. A
-    gradient wrong only in a lower precision, or in a spec without float64, is this contract's."""
-    target.blocked_by_undeclared_randomness(case)  # a gradient that differs from itself: determinism's
-    if torch.float64 not in target.dtypes():
-        return
-    exact = case.with_dtype(torch.float64)
-    args = exact.args()
-    wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    call = function_of_tensors(exact, args, wrt_positions)
-    blocked_by_wrong_first_derivatives(exact, call, [args[i] for i in wrt_positions], found=found)
+def _exact_mismatch(got: torch.Tensor, want: torch.Tensor, base: Any, dtype_name: str, *, what: str, where: str) -> str | None:
+    """A non-floating output is compared exactly, element by element with the truth's or the
+    baseline's (the reference run in the tested dtype: ``round(x / scale)`` may round the other way
+    where ``x / scale`` rounds onto a half in bfloat16): None when each element equals one of them."""
+    got, want = got.detach().cpu(), want.detach().cpu()
+    agree = got == want
+    if isinstance(base, torch.Tensor) and tuple(base.shape) == tuple(got.shape) and base.dtype == got.dtype:
+        agree |= got == base.detach().cpu()
+    if bool(agree.all()):
+        return None
+    index = tuple(int(i) for i in (~agree).nonzero()[0])
+    return (
+        f"{what}[{index}]={got[index].item()}, but should be {want[index].item()} like the reference's "
+        f"({int((~agree).sum())} of {agree.numel()} elements differ; a non-floating output is compared exactly, with the "
+        f"reference in float64 or in {dtype_name}) [{where}]"
+    )
+
+
+def _compare_value(
+    spec: Spec, dtype: torch.dtype, pair: Any, floor_at: float, accumulation: int, spread: Spread | None,
+) -> Comparison | None:
+    """One output's or gradient's ``pair`` (as :func:`_judge_dtype` makes them) against the truth,
+    by the float64 rule or the budget of ``dtype`` (``spread``: see :func:`compare_budget`)."""
+    what, which, got, want, base, moved, where, terms = pair
+    if dtype == torch.float64:
+        return compare_finiteness(got, want, dtype, what=what, where=where) or compare_float64(
+            got, want, what=what, where=where, spec=spec, resampled=moved, k=multiplier(spec, dtype, which), spread=spread
+        )
+    return compare_budget(
+        got, want, base, dtype, resampled=moved, floor_at=floor_at, terms=terms, accumulation=accumulation,
+        k=multiplier(spec, dtype, which), what=what, where=where, steps=floor_ulps(spec, dtype), spread=spread,
+    )
+
+
+def _judge_tie_sums(
+    target: Target, impl: Execution, truth: Evaluated, dtype: torch.dtype, judged: list[tuple[str, TieGroups, Any]], *, floor_at: float,
+    final: bool,
+) -> None:
+    """Fail unless each gradient in ``judged`` (its input's name, the groups of its drawn ties, and
+    its pair as :func:`_judge_dtype` made it) keeps the reference's sum over every tie."""
+    spec = target.spec
+    for name, groups, (what, which, got, want, base, moved, where, terms) in judged:
+        comparison = compare_tie_sums(
+            got, want, base, dtype, groups, resampled=moved, k=multiplier(spec, dtype, which), floor_at=floor_at, terms=terms,
+            accumulation=truth.accumulation, steps=floor_ulps(spec, dtype), float64_tolerance=float64_tolerance(spec),
+            input_name=name, what=what, where=where,
+        )
+        if comparison is not None:
+            if final:  # gradcheck keeps drawn values apart: it never meets a tie, so this is no gradcheck defect
+                target.blocked_by_undeclared_randomness(impl.case)
+            fail(comparison.summary, comparison.details)
+
+
+def _drawn_ties(case: Case, args: Sequence[Any]) -> dict[str, TieGroups]:
+    """The ties of each floating input drawn with repeated values (the ``repeats`` pattern), by name."""
+    ties = {}
+    for recipe, value in zip(case.recipes, args):
+        if getattr(recipe, "pattern", None) == "repeats" and isinstance(value, torch.Tensor) and value.requires_grad:
+            groups = tie_groups(value)
+            if groups is not None:
+                ties[recipe.name] = groups
+    return ties
 
 
 REFERENCE_BLAME = (
@@ -239,16 +298,18 @@ def _truth_and_baseline(
 ) -> tuple[Evaluated, Evaluated]:
     """The truth (with its term bounds when ``terms``) and the baseline of :func:`_reference`."""
     __tracebackhide__ = True
-    return truth_and_baseline(
+    exact, plain = truth_and_baseline(
         spec, case, lambda cast, exact: _reference(spec, [cast(a) for a in args], names, grad_outputs, terms=terms and exact)
     )
+    return without_undefined_nans(spec, case, args, names, exact), plain
 
 
 def _truth_with_terms(spec: Spec, case: Case, args: list[Any], names: list[str], grad_outputs: dict[int, torch.Tensor]) -> Evaluated:
     """The truth of :func:`_truth_and_baseline` with its term bounds (the same values)."""
     __tracebackhide__ = True
     with strict_float32(), random_state(spec, case):
-        return _reference(spec, [upcast(a) for a in args], names, grad_outputs, terms=True)
+        exact = _reference(spec, [upcast(a) for a in args], names, grad_outputs, terms=True)
+    return without_undefined_nans(spec, case, args, names, exact)
 
 
 def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict[int, torch.Tensor], *, terms: bool = False) -> Evaluated:
@@ -296,7 +357,7 @@ def _comparable_randomness(target: Target) -> None:
 @contract(
     "reference",
     # Constant grad_outputs: terms that do not cancel, where a float16 accumulator shows.
-    case=CaseOptions(mask_kinds=MASK_KINDS, broadcast=True, value_patterns=("ascending", "random"), grad_output_kinds=("random", "constant")),
+    case=CaseOptions(mask_kinds=MASK_KINDS, broadcast=True, value_patterns=("ascending", "random", "repeats"), grad_output_kinds=("random", "constant")),
     requires=[SOME_DTYPE, Requirement("one seeded RNG stream", _comparable_randomness)],
     compares_values=True,
 )

@@ -153,6 +153,8 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
         found = _outside_reference_rule(spec, case, impl, exact, plain, args, names, grad_outputs, context)
         if found is not None and not found.nonfinite:  # finiteness is judged above (float64's overflow excused)
             _unless_wrong_at_ordinary_magnitudes(target, case)
+            # A gradient wrong here in float64 too (finite differences, or the declared surrogate): gradcheck's.
+            target.blocked_by_wrong_gradients(case, found.summary)
             fail(found.summary, found.details)
     return compared
 

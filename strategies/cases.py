@@ -27,6 +27,7 @@ from strategies.coverage import (
     finite_values,
     layout_label,
     mask_kind_label,
+    pattern_label,
     scale_label,
 )
 from strategies.dims import DimRule, batch_shapes, broadcast_forms, dim_sizes
@@ -277,6 +278,8 @@ def case_kinds(spec: Spec, options: CaseOptions) -> tuple[tuple[str, int], ...]:
             kinds.append((mask_kind_label(spec_input.name), len(options.mask_kinds)))
         elif isinstance(spec_input, Tensor):
             kinds.append((layout_label(spec_input.name), len(options.layouts)))
+            if not options.spacing:  # ties and runs of repeated values on purpose, in turn with the others
+                kinds.append((pattern_label(spec_input.name), len(options.value_patterns)))
             if options.extreme:  # an ordinary scale, the smallest extreme one (1e2: large logits), the dtype's largest
                 kinds.append((scale_label(spec_input.name), 3))
     kinds.append((GRAD_KIND_LABEL, len(options.grad_output_kinds)))

@@ -20,7 +20,7 @@ What the corners cover (:func:`coverage_corners`):
   (<, =, >) between two dims that stand in the same place of two inputs (q_len and k_len);
 * every dtype and every value of the categorical draws the contract varies beyond the spec
   (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each input alone and none;
-  broadcast off and on; each mask kind, input layout and grad_output kind): with
+  broadcast off and on; each mask kind, input layout, value pattern and grad_output kind): with
   ``pairwise_kinds``, pairwise with each other and with the factors above; otherwise one per corner
   in turn. Pairwise, they multiply the corners (over the reference ops at 10 examples: 1.3x for
   most contracts, 3.6x for layouts, 5.4x for the two memory contracts that vary all of them), so
@@ -45,7 +45,7 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "scale_label", "smaller_corners", "smaller_sizes"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "pattern_label", "scale_label", "smaller_corners", "smaller_sizes"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
@@ -64,6 +64,10 @@ def layout_label(name: str) -> str:
 
 def mask_kind_label(name: str) -> str:
     return f"{name} mask kind"
+
+
+def pattern_label(name: str) -> str:
+    return f"{name} pattern"
 
 
 def scale_label(name: str) -> str:

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 from conformance.spec import Spec
 from conformance.spec.inputs import AdditiveMask, Derived, Index, Mask, Offsets, Scalar, Shaped, Tensor
-from strategies.coverage import BROADCAST_LABEL, Corner, finite_values, layout_label, mask_kind_label, scale_label
+from strategies.coverage import (
+    BROADCAST_LABEL,
+    Corner,
+    finite_values,
+    layout_label,
+    mask_kind_label,
+    pattern_label,
+    scale_label,
+)
 from strategies.dims import broadcast_forms
 from strategies.options import CaseOptions
 from strategies.recipes import (
@@ -146,7 +154,7 @@ def _draw_tensor(spec_input: Tensor, draw: st.DrawFn, case: PartialCase) -> Reci
     constant = constant or layout == "expanded"
     pattern = "random"
     if tuple(options.value_patterns) != ("random",) and not options.spacing:
-        pattern = draw(sampled(tuple(options.value_patterns)), label=f"{name} pattern")
+        pattern = draw(_cornered(sampled(tuple(options.value_patterns)), pattern_label(name), case), label=pattern_label(name))
         if pattern == "near_zero" and spec_input.domain != "real":
             pattern = "random"
     return TensorRecipe(

@@ -48,8 +48,10 @@ Domain = Union[str, tuple[float, float]]
 MASK_KINDS = ("random", "all_true", "causal", "padding", "masked_rows", "left_padding")
 # Value patterns on top of a domain: ties (few distinct values, so max/sort/median must break
 # ties), near_zero (exact zeros and tiny values, where |x|, relu and division have kinks) and
-# ascending (every dim increasing: the maximum last, in a blocked kernel's last block).
-VALUE_PATTERNS = ("random", "ties", "near_zero", "ascending")
+# ascending (every dim increasing: the maximum last, in a blocked kernel's last block) and repeats
+# (runs of equal random values along every dim: small groups of ties, a row's maximum among them
+# about half the time, at no special value such as 0 or 1 where a kink would sit as well).
+VALUE_PATTERNS = ("random", "ties", "near_zero", "ascending", "repeats")
 
 
 def distinct_seed(seed: int, name: str) -> int:
@@ -133,7 +135,9 @@ def tensor_from_seed(
     rounded to a few levels, so many elements are exactly equal); ``near_zero`` (``real`` domain
     only: about a third exact zeros and a third within ±1e-3 * scale); ``ascending`` (the values,
     on the real line their magnitudes, sorted in row-major order: every dim increasing, so a
-    blocked reduction's maximum lies in its last block). ``spacing > 0`` (for
+    blocked reduction's maximum lies in its last block); ``repeats`` (along every dim, each element
+    a copy of the one before it with probability 1/2: runs of equal values, so a maximum is often
+    tied). ``spacing > 0`` (for
     finite differences, see :func:`spread`): no two elements closer than ``spacing``, none
     closer than ``spacing`` to a ``kinks`` location; with ``kinks`` at any spacing, no element lies
     exactly on one in ``dtype`` (one rounding step off it). Use it to rebuild any drawn input in a repro.
@@ -216,11 +220,27 @@ def _float64_values(
         if domain in ("real", "nonzero"):
             values = values.abs()
         values = values.flatten().sort().values.reshape(shape)
+    elif pattern == "repeats" and values.ndim and values.numel():
+        values = _repeated_runs(values, generator)
     if constant_rows and values.ndim >= 1 and values.shape[-1] > 0:
         values = values[..., :1].expand(shape).clone()
     if spacing:
         values = spread(values, spacing, kinks=kinks, bounds=_drawn_bounds(domain, scale))
     return values
+
+
+def _repeated_runs(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``values`` with runs of equal elements along every dim (a reduction along any of them meets
+    ties): along each in turn, each slice after the first a copy of the one before with
+    probability 1/2, element by element."""
+    for dim in range(values.ndim):
+        moved = values.movedim(dim, -1)
+        copies = torch.rand(moved.shape, generator=generator, dtype=torch.float64, device="cpu") < 0.5
+        copies[..., 0] = False
+        positions = torch.arange(moved.shape[-1]).expand(moved.shape)
+        run_starts = torch.where(copies, torch.zeros_like(positions), positions).cummax(dim=-1).values
+        values = moved.gather(-1, run_starts).movedim(-1, dim)
+    return values.contiguous()
 
 
 def _drawn_bounds(domain: Domain, scale: float) -> tuple[float, float, tuple[tuple[float, float], ...]]:

@@ -25,6 +25,9 @@ CORRECT: dict[str, set[str]] = {
     "rms_scale_float32_eps": set(),  # float64 a few rounding steps off the reference (eps in float32)
     "add_into_inplace": set(),  # a bfloat16 gradient for a float32 input that loses nothing
     "kl_div_log_target": set(),  # a loss of ~1e8 whose entries' derivatives are ~1: finite differences mostly rounding
+    "max_pool_last_tie": set(),  # a tied window's gradient to its last element, the reference's to its first
+    "masked_logcumsumexp": {"compile"},  # 0 gradient under a -inf output, where torch's backward gives NaN
+    "quant_codes": set(),  # int8 codes that round the other way in bfloat16, as plain PyTorch's do
 }
 
 # Twin -> (the contract that fails it, what its message says).
@@ -39,6 +42,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "permute_columns_uninverted": ("gradcheck", "analytical grad['x'] != numerical"),
     "sparsemax_mean_over_row": ("gradcheck", "analytical grad['z'] != numerical"),
     "gelu_tanh_under_autocast_halved": ("autocast", "max|output[0] - reference|"),
+    "max_pool_mask_grad": ("reference", "sum of grad['x'] over the"),
 }
 
 
@@ -66,13 +70,15 @@ def test_correct_code_the_suite_once_failed_passes_every_contract(correct, name:
 
 
 @pytest.mark.parametrize("name", ["inplace_square", "narrow_rows", "sort_rows", "straight_through_sign", "sort_values_jvp", "linear_no_custom_fwd",
-                                  "gelu_tanh_under_autocast", "scale_optional_bias", "add_into_inplace", "kl_div_log_target"])
+                                  "gelu_tanh_under_autocast", "scale_optional_bias", "add_into_inplace", "kl_div_log_target",
+                                  "max_pool_last_tie", "masked_logcumsumexp", "quant_codes"])
 def test_the_contract_that_once_failed_it_now_checks_it(correct, name: str) -> None:  # type: ignore[no-untyped-def]
     contract = {
         "inplace_square": "stability", "narrow_rows": "inplace", "sort_rows": "layouts",
         "straight_through_sign": "forward_ad", "sort_values_jvp": "forward_ad", "linear_no_custom_fwd": "autocast",
         "gelu_tanh_under_autocast": "autocast", "scale_optional_bias": "inplace", "add_into_inplace": "autocast",
-        "kl_div_log_target": "gradcheck",
+        "kl_div_log_target": "gradcheck", "max_pool_last_tie": "reference", "masked_logcumsumexp": "stability",
+        "quant_codes": "reference",
     }[name]
     correct.passed(contract, name)  # passed, not n/a: the contract ran its checks
 
@@ -84,6 +90,11 @@ def test_each_twin_fails_its_owner_alone(bugs, name: str) -> None:  # type: igno
     outcomes = _recorded(bugs, name)
     failed = sorted(c for c, o in outcomes.items() if o is Outcome.FAILED)
     assert failed == [owner], (name, outcomes)
+
+
+def test_a_masked_minus_inf_output_is_no_gradcheck_failure(correct) -> None:  # type: ignore[no-untyped-def]
+    # Its central differences are NaN (-inf - -inf): such entries count as 0 on both sides.
+    correct.passed("gradcheck", "masked_logcumsumexp")
 
 
 def test_a_forward_bug_blocks_func_instead_of_blaming_the_vmap_rule(bugs) -> None:  # type: ignore[no-untyped-def]

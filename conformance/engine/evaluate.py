@@ -600,10 +600,19 @@ def _of_tensors(
             outputs = _apply(function, forward_args(case, full))
         # Only outputs that can carry a gradient: torch's gradcheck takes finite differences of
         # every output it is given before it drops the non-differentiable ones, and two bool masks
-        # cannot be subtracted.
-        return tuple(o for o in outputs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
+        # cannot be subtracted. An infinite entry (a masked position's -inf, which moving an input
+        # leaves -inf) has no derivative to check, and its difference is NaN: it counts as 0.
+        return tuple(
+            _infinities_as_zeros(o) for o in outputs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())
+        )
 
     return call
+
+
+def _infinities_as_zeros(output: torch.Tensor) -> torch.Tensor:
+    if output.is_complex() or not bool(torch.isinf(output).any()):
+        return output
+    return torch.where(torch.isinf(output), torch.zeros((), dtype=output.dtype, device=output.device), output)
 
 
 def function_of_tensors(
@@ -613,7 +622,7 @@ def function_of_tensors(
     and gradgradcheck: declared in-place inputs are cloned, a declared-nondeterministic spec gets
     the same random numbers in every call (so finite differences are meaningful), and Python
     values and integer or bool tensors among the outputs are dropped (gradcheck reads
-    ``.requires_grad`` on every output, and differences every one). Unrecorded: gradcheck's
+    ``.requires_grad`` on every output, and differences every one), and infinite entries count as 0. Unrecorded: gradcheck's
     hundreds of backward calls would each keep copies of their grad_outputs and saved tensors."""
     return _of_tensors(guarded(fn or case.spec.fn, allocation_policy(case.spec), shield=True), case, args, wrt_positions)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import gradients
+from conformance.engine.evaluate import gradients, run_reference
 from conformance.engine.harness import fixed_rng
 from conformance.engine.torch_text import gradcheck_not_reentrant, without_slow_mode_jacobians
 from strategies.cases import Case
@@ -29,11 +29,15 @@ __all__ = [
     "NONDET_TOL",
     "SLOW_ATOL",
     "SLOW_RTOL",
+    "SURROGATE_ATOL",
+    "SURROGATE_RTOL",
     "FirstDerivatives",
     "JacobianMismatch",
+    "blocked_by_wrong_surrogate_gradients",
     "check_first_derivatives",
     "jacobian_mismatch",
     "resolving_steps",
+    "surrogate_mismatch",
     "unresolvable_outputs",
 ]
 
@@ -241,6 +245,50 @@ def blocked_by_wrong_first_derivatives(
         where = f"torch.autograd.gradcheck, float64, {'fast' if checked.fast else 'slow'} mode, atol={checked.atol}, rtol={checked.rtol}"
         summary = f"{found}; finite differences in float64 reject it too" if found else "first derivatives are already wrong on this case"
         raise Blocked(Defect("gradcheck", summary, (f"{first} [{where}]",)), case)
+
+
+# gradcheck's rule for a surrogate spec: its float64 gradient against the surrogate's autograd gradient.
+SURROGATE_ATOL, SURROGATE_RTOL = 1e-7, 1e-5
+
+
+def surrogate_mismatch(grads: Mapping[str, torch.Tensor | None], expected: Mapping[str, torch.Tensor | None]) -> tuple[str, str] | None:
+    """(summary, details) of the first of ``grads`` (float64) that differs from the surrogate's
+    (``expected``) by gradcheck's rule for a surrogate spec, or None; a None gradient and zeros
+    are the same gradient (an input the output ignores may get either)."""
+    for name, grad in grads.items():
+        want = expected.get(name)
+        if want is None or grad is None:
+            other = grad if want is None else want
+            if other is not None and bool(other.ne(0).any()):
+                got, should = ("None", "the surrogate's nonzero gradient") if grad is None else ("a nonzero tensor", "zero (the surrogate's is None)")
+                return f"grad[{name!r}]={got}, but should be {should} [float64, autograd gradient of the declared surrogate]", ""
+            continue
+        if grad.shape == want.shape and grad.dtype == want.dtype and torch.equal(grad.detach(), want.detach()):
+            continue
+        try:
+            torch.testing.assert_close(grad, want, atol=SURROGATE_ATOL, rtol=SURROGATE_RTOL)
+        except AssertionError as error:
+            return f"grad[{name!r}] != autograd gradient of the declared surrogate [float64]", str(error)
+    return None
+
+
+def blocked_by_wrong_surrogate_gradients(
+    case: Case, grads: Mapping[str, torch.Tensor | None], grad_outputs: Sequence[torch.Tensor], *, found: str = "",
+) -> None:
+    """One defect, one failure for a surrogate spec: raise ``Blocked`` by gradcheck where
+    ``grads`` (the Function's, on the float64 ``case`` with ``grad_outputs``) differ from the
+    surrogate's by gradcheck's own rule (:func:`surrogate_mismatch`)."""
+    surrogate = case.spec.surrogate
+    if surrogate is None:
+        return
+    try:
+        _, expected = run_reference(surrogate, case, dtype=torch.float64, device=case.device, grad_outputs_from=grad_outputs)
+    except Exception:  # the surrogate's own error is the spec's, reported where it is run
+        return
+    mismatch = surrogate_mismatch(grads, expected)
+    if mismatch is not None:
+        summary = f"{found}; the float64 gradient differs from the surrogate's too" if found else "gradients already differ from the surrogate's on this case"
+        raise Blocked(Defect("gradcheck", summary, (mismatch[0],)), case)
 
 
 def _gradcheck_error(

@@ -59,7 +59,7 @@ from conformance.engine.evaluate import (
     reads_outside,
 )
 from conformance.engine.global_state import rng_states, set_backend_flags, set_rng_states
-from conformance.engine.harness import Execution, differentiable_positions, random_state
+from conformance.engine.harness import Execution, as_tuple, differentiable_positions, random_state
 from conformance.engine.report import ContractFailure, finiteness_report, mismatch_report
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from conformance.spec.spec import FLOAT64_TOLERANCE_KEYS
@@ -69,10 +69,13 @@ __all__ = [
     "FLOOR_ULPS",
     "REORDERING",
     "RESAMPLE_PAIRS",
+    "BudgetParts",
     "Comparison",
     "Judged",
     "Reordering",
+    "Spread",
     "baseline",
+    "budget_parts",
     "cheap_budget_first",
     "checked_positions",
     "compare_budget",
@@ -94,16 +97,21 @@ __all__ = [
     "plain_leaves",
     "reordering_tolerance",
     "rounding_floor",
+    "stepped",
     "strict_float32",
     "tie_breaking_cases",
     "truth",
     "truth_and_baseline",
+    "truth_movement",
     "ulp",
     "upcast",
     "with_resamples",
+    "without_undefined_nans",
 ]
 
 T = TypeVar("T")
+# Maps a per-element sensitivity to the one a comparison allows (compare_budget's ``spread``).
+Spread = Callable[[torch.Tensor], torch.Tensor]
 
 FLOOR_ULPS = 2  # rounding steps of the tested dtype at max|truth| added to the budget
 FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff: a correct kernel accumulates in float32, in any order
@@ -259,9 +267,43 @@ def truth(
     spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor],
     *, terms: bool = False,
 ) -> Evaluated:
-    """The spec's reference (and surrogate) in float64 on the CPU, TF32 off, on ``args`` upcast."""
+    """The spec's reference (and surrogate) in float64 on the CPU, TF32 off, on ``args`` upcast
+    (:func:`without_undefined_nans`)."""
     with strict_float32(), random_state(spec, case):
-        return evaluate_spec(spec, [upcast(a) for a in args], names, grad_outputs, terms=terms)
+        exact = evaluate_spec(spec, [upcast(a) for a in args], names, grad_outputs, terms=terms)
+    return without_undefined_nans(spec, case, args, names, exact)
+
+
+def without_undefined_nans(spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], evaluated: Evaluated) -> Evaluated:
+    """``evaluated`` (a float64 truth on ``args``) with each NaN gradient element that no output
+    depends on set to 0: moving those elements of the input (all at once) leaves every output of
+    the reference as it was, bit for bit and free of NaN, so the derivative there is 0, and the
+    reference's NaN is its backward's arithmetic (``-inf - -inf`` at a masked position of a
+    log-cumsum-exp)."""
+    grads, changed = dict(evaluated.grads), False
+    for name, grad in evaluated.grads.items():
+        if not (isinstance(grad, torch.Tensor) and bool(torch.isnan(grad).any())) or name not in names:
+            continue
+        position = list(names).index(name)
+        value = args[position]
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.shape == grad.shape):
+            continue
+        nans = torch.isnan(grad).to(value.device)
+        base = upcast(value).detach()
+        moved = list(args)
+        moved[position] = torch.where(nans, base + 1 + base.abs(), base)  # no fixed point, a -inf stays
+        with strict_float32(), random_state(spec, case), torch.no_grad():
+            before = as_tuple(spec.reference(*[upcast(a) for a in args]))
+            after = as_tuple(spec.reference(*[upcast(a) for a in moved]))
+        if len(before) == len(after) and all(_same_values(a, b) for a, b in zip(before, after)):
+            grads[name], changed = torch.where(nans.to(grad.device), torch.zeros((), dtype=grad.dtype, device=grad.device), grad), True
+    return dataclasses.replace(evaluated, grads=grads) if changed else evaluated
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool((a == b).all())  # a NaN output proves nothing: never the same
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
 def baseline(
@@ -278,10 +320,11 @@ def reference_truth_and_baseline(
     *, terms: bool = False,
 ) -> tuple[Evaluated, Evaluated]:
     """:func:`truth_and_baseline` of the spec's reference (surrogate for gradients) on ``args``
-    and ``grad_outputs``; with ``terms``, the truth's term bounds too."""
-    return truth_and_baseline(
+    and ``grad_outputs``; with ``terms``, the truth's term bounds too (:func:`without_undefined_nans`)."""
+    exact, plain = truth_and_baseline(
         spec, case, lambda cast, exact: evaluate_spec(spec, [cast(a) for a in args], names, grad_outputs, terms=terms and exact)
     )
+    return without_undefined_nans(spec, case, args, names, exact), plain
 
 
 def checked_positions(
@@ -498,10 +541,14 @@ def float64_tolerance(spec: Spec) -> tuple[float, float] | None:
 
 def compare_float64(
     actual: torch.Tensor, truth: torch.Tensor, *, what: str, where: str, spec: Spec | None = None,
+    resampled: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), k: float = 1.0, spread: Spread | None = None,
 ) -> Comparison | None:
     """The reference contract's float64 rule: ``torch.testing.assert_close`` with its defaults
     (the truth is the reference in float64 itself, so there is no reference error to scale), or
-    with the tolerance ``spec`` declares for float64."""
+    with the tolerance ``spec`` declares for float64. ``resampled`` ((baseline, truth) pairs at
+    inputs whose ties are broken, :func:`tie_breaking_cases`): where the truth jumps between
+    them (a tied maximum's gradient), ``k`` times that jump is allowed on top, per element (after
+    ``spread``, as in :func:`compare_budget`)."""
     if exactly_equal(actual.cpu(), truth.cpu()):
         return None
     declared = float64_tolerance(spec) if spec is not None else None
@@ -512,8 +559,46 @@ def compare_float64(
         )
     except AssertionError as error:
         rule = f"torch.testing.assert_close(rtol={rtol:g}, atol={atol:g}) as declared" if declared else "torch.testing.assert_close"
+        if resampled:
+            return _compare_float64_moved(actual, truth, resampled, k=k, spread=spread, tolerance=declared, rule=rule, what=what, where=where)
         return Comparison(f"{what} != reference [{where}, {rule}]", str(error))
     return None
+
+
+def _compare_float64_moved(
+    actual: torch.Tensor, truth: torch.Tensor, resampled: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+    k: float, spread: Spread | None, tolerance: tuple[float, float] | None, rule: str, what: str, where: str,
+) -> Comparison | None:
+    """:func:`compare_float64` with ``k`` times how far the truth moves over ``resampled`` allowed per element."""
+    rtol, atol = tolerance if tolerance is not None else (FLOAT64_RTOL, FLOAT64_ATOL)
+    actual64 = actual.detach().to("cpu", torch.float64)
+    truth64 = truth.detach().to("cpu", torch.float64)
+    moved = truth_movement(truth64, resampled)
+    moved = spread(moved) if spread is not None else moved
+    both = torch.isfinite(actual64) & torch.isfinite(truth64)
+    allowed = atol + rtol * truth64.abs() + k * moved
+    excess = torch.where(both, (actual64 - truth64).abs() - allowed, torch.full_like(truth64, -math.inf))
+    if bool((torch.isfinite(actual64) != torch.isfinite(truth64)).any()) or float(excess.max()) > 0:
+        index = _index_of_max(excess)
+        worst, local = float((actual64 - truth64).abs()[index]), float(moved[index])
+        summary = (
+            f"|{what} - reference|={worst:.6g} at {index}, but should be <= {rule}'s tolerance + {k:g} x {local:.6g} "
+            f"(how far the truth moves there where ties between inputs break) = {float(allowed[index]):.6g} [{where}]"
+        )
+        return Comparison(summary, mismatch_report(actual64, truth64, allowed=float(allowed[index])))
+    return None
+
+
+def truth_movement(truth: torch.Tensor, resampled: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Per element, how far the float64 truth of each ``(baseline, truth)`` pair in ``resampled``
+    is from ``truth`` (0 where none has its shape, and where either is not finite)."""
+    truth64 = truth.detach().to("cpu", torch.float64)
+    moved = torch.zeros_like(truth64)
+    for _, other in resampled:
+        other64 = other.detach().to("cpu", torch.float64)
+        if other64.shape == truth64.shape:
+            moved = torch.maximum(moved, torch.nan_to_num((other64 - truth64).abs(), nan=0.0, posinf=0.0))
+    return moved
 
 
 PLAIN = (bool, int, float, str)  # the non-tensor values compare_plain compares
@@ -661,6 +746,57 @@ def compare_finiteness(
     return Comparison(summary, details, nonfinite=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetParts:
+    """What :func:`compare_budget`'s budget is made of, per value: where it checks, the
+    reference's own error (on the case, and the largest over the case and ``resampled``), how far
+    the truth moves per element (the sensitivity), the terms' largest bound and the floor (with
+    its float32-accumulation share)."""
+
+    checked: torch.Tensor
+    baseline_error: float
+    reference_error: float
+    sensitivity: torch.Tensor
+    terms_at: float
+    accumulated: float
+    floor: float
+
+
+def budget_parts(
+    truth: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype, *, resampled: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+    floor_at: float = 0.0, terms: torch.Tensor | None = None, accumulation: int = 0, steps: int = FLOOR_ULPS,
+) -> BudgetParts:
+    """The parts of :func:`compare_budget`'s budget for ``truth`` (see there)."""
+    truth64 = truth.detach().to("cpu", torch.float64)
+    baseline64 = baseline.detach().to("cpu", torch.float64)
+    checked = checked_positions(truth64, dtype, baseline64)
+    baseline_error = float(torch.where(checked, (baseline64 - truth64).abs(), torch.zeros_like(truth64)).max()) if truth64.numel() else 0.0
+    reference_error = baseline_error
+    # How far the float64 truth moves when the inputs move one rounding step (a condition
+    # estimate, per element): any backward-stable algorithm may be that far off, however exact
+    # the reference happens to be there (ill-conditioned cancellation, a step Jacobian whose
+    # support moves, argmax ties).
+    sensitivity = torch.zeros_like(truth64)
+    for other, other_truth in resampled:
+        other64 = other.detach().to("cpu", torch.float64)
+        other_truth64 = other_truth.detach().to("cpu", torch.float64)
+        if other64.shape == other_truth64.shape:
+            ok = checked_positions(other_truth64, dtype, other64)
+            diff = torch.where(ok, (other64 - other_truth64).abs(), torch.zeros_like(other_truth64))
+            reference_error = max(reference_error, float(diff.max()) if diff.numel() else 0.0)
+            if other_truth64.shape == truth64.shape:
+                moved = torch.where(checked & ok, (other_truth64 - truth64).abs(), torch.zeros_like(truth64))
+                sensitivity = torch.maximum(sensitivity, torch.nan_to_num(moved, nan=0.0, posinf=0.0))
+    terms_at = 0.0
+    if terms is not None and terms.shape == truth64.shape:
+        bounded = terms.detach().to("cpu", torch.float64)[checked]
+        bounded = bounded[torch.isfinite(bounded)]
+        terms_at = float(bounded.max()) if bounded.numel() else 0.0
+    floor = max(rounding_floor(truth64, dtype, checked, steps), steps * ulp(max(floor_at, terms_at), dtype))
+    accumulated = accumulation * FLOAT32_UNIT * terms_at
+    return BudgetParts(checked, baseline_error, reference_error, sensitivity, terms_at, accumulated, floor + accumulated)
+
+
 def compare_budget(
     actual: torch.Tensor,
     truth: torch.Tensor,
@@ -675,6 +811,7 @@ def compare_budget(
     what: str,
     where: str,
     steps: int = FLOOR_ULPS,
+    spread: Spread | None = None,
 ) -> Comparison | None:
     """``|actual - truth| <= k * max(reference_error, sensitivity) + floor`` at every checked
     position, after the non-finite positions match.
@@ -683,7 +820,8 @@ def compare_budget(
     inputs move one rounding step of ``dtype`` -- a condition estimate. A backward-stable
     reformulation may be that far off where the reference happens to be exact (cancellation, a
     step Jacobian whose support moves with rounding, argmax ties); a missing scale or a wrong
-    index is far beyond it.
+    index is far beyond it. ``spread`` maps the per-element sensitivity before it is used (drawn
+    ties: each tied element gets the largest of its group, which may split a gradient any way).
 
     ``reference_error`` is the largest of ``max|baseline - truth|`` (the reference run in
     ``dtype``) and the same error for each ``(baseline, truth)`` pair in ``resampled`` (the
@@ -714,36 +852,14 @@ def compare_budget(
         return mismatch
     actual64 = actual.detach().to("cpu", torch.float64)
     truth64 = truth.detach().to("cpu", torch.float64)
-    baseline64 = baseline.detach().to("cpu", torch.float64)
-    checked = checked_positions(truth64, dtype, baseline64)
+    parts = budget_parts(truth64, baseline, dtype, resampled=resampled, floor_at=floor_at, terms=terms, accumulation=accumulation, steps=steps)
+    checked = parts.checked
     if not bool(checked.any()):
         return None
     error = torch.where(checked, (actual64 - truth64).abs(), torch.zeros_like(truth64))
-    baseline_error = float(torch.where(checked, (baseline64 - truth64).abs(), torch.zeros_like(truth64)).max())
-    reference_error = baseline_error
-    # How far the float64 truth moves when the inputs move one rounding step (a condition
-    # estimate, per element): any backward-stable algorithm may be that far off, however exact
-    # the reference happens to be there (ill-conditioned cancellation, a step Jacobian whose
-    # support moves, argmax ties).
-    sensitivity = torch.zeros_like(truth64)
-    for other, other_truth in resampled:
-        other64 = other.detach().to("cpu", torch.float64)
-        other_truth64 = other_truth.detach().to("cpu", torch.float64)
-        if other64.shape == other_truth64.shape:
-            ok = checked_positions(other_truth64, dtype, other64)
-            diff = torch.where(ok, (other64 - other_truth64).abs(), torch.zeros_like(other_truth64))
-            reference_error = max(reference_error, float(diff.max()) if diff.numel() else 0.0)
-            if other_truth64.shape == truth64.shape:
-                moved = torch.where(checked & ok, (other_truth64 - truth64).abs(), torch.zeros_like(truth64))
-                sensitivity = torch.maximum(sensitivity, torch.nan_to_num(moved, nan=0.0, posinf=0.0))
-    terms_at = 0.0
-    if terms is not None and terms.shape == truth64.shape:
-        bounded = terms.detach().to("cpu", torch.float64)[checked]
-        bounded = bounded[torch.isfinite(bounded)]
-        terms_at = float(bounded.max()) if bounded.numel() else 0.0
-    floor = max(rounding_floor(truth64, dtype, checked, steps), steps * ulp(max(floor_at, terms_at), dtype))
-    accumulated = accumulation * FLOAT32_UNIT * terms_at
-    floor += accumulated
+    baseline_error, reference_error = parts.baseline_error, parts.reference_error
+    sensitivity = spread(parts.sensitivity) if spread is not None else parts.sensitivity
+    terms_at, accumulated, floor = parts.terms_at, parts.accumulated, parts.floor
     scale = torch.clamp(sensitivity, min=reference_error)
     excess = torch.where(checked, error - (k * scale + floor), torch.full_like(error, -math.inf))
     if float(excess.max()) <= 0:
@@ -820,10 +936,10 @@ def neighbours(value: Any, generator: torch.Generator, step_dtype: torch.dtype |
         return value, value
     # On the generator's device, whatever a Function left as the default device.
     step = (torch.randint(0, 3, value.shape, generator=generator, device=generator.device) - 1).to(value.device)
-    return _stepped(value, step, step_dtype)
+    return stepped(value, step, step_dtype)
 
 
-def _stepped(value: torch.Tensor, step: torch.Tensor, step_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+def stepped(value: torch.Tensor, step: torch.Tensor, step_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``value`` with each element moved ``step`` (-1, 0 or 1) rounding steps of ``step_dtype``
     (default its own), and the mirror image; infinite elements stay."""
     base = value.detach()
@@ -877,7 +993,7 @@ def tie_breaking_cases(
             continue
         parity = 1 - 2 * (torch.arange(value.numel(), device=value.device) % 2).reshape(value.shape)
         for step in (torch.ones_like(parity), parity):
-            for moved in _stepped(value, step, step_dtype):
+            for moved in stepped(value, step, step_dtype):
                 yield [moved if k == position else a for k, a in enumerate(args)], dict(grad_outputs)
 
 

@@ -45,8 +45,12 @@ from conformance.engine.defects import (
     forward_raised,
     require_sound,
 )
-from conformance.engine.evaluate import crash_owner, execute
+from conformance.engine.evaluate import crash_owner, execute, function_of_tensors
 from conformance.engine.expectations import Expectation, expected_in, unmet
+from conformance.engine.finite_differences import (
+    blocked_by_wrong_first_derivatives,
+    blocked_by_wrong_surrogate_gradients,
+)
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, random_state, why_no_backward
 from conformance.engine.literals import Literals, drawing_from, snapshot
@@ -817,6 +821,24 @@ class Target:
         if defect is not None and defect.owner != self.contract:  # layouts' own finding stands
             raise Blocked(defect, case)
         self.randomness_ruled_out = case
+
+    def blocked_by_wrong_gradients(self, case: Case, found: str) -> None:
+        """One defect, one failure: a gradient found wrong (``found``) on ``case`` that is also wrong
+        in float64 on the same inputs by the gradcheck contract's own rules (finite differences, or
+        the declared surrogate's gradient) is gradcheck's defect: raise ``Blocked`` by it. A value
+        that differs from itself is determinism's first. Nothing is blocked without float64."""
+        self.blocked_by_undeclared_randomness(case)
+        if torch.float64 not in self.dtypes():
+            return
+        exact = case.with_dtype(torch.float64)
+        if self.spec.surrogate is not None:
+            execution = self.preflight(case, dtype=torch.float64)
+            blocked_by_wrong_surrogate_gradients(exact, execution.grads, execution.grad_outputs_before, found=found)
+            return
+        args = exact.args()
+        wrt_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        call = function_of_tensors(exact, args, wrt_positions)
+        blocked_by_wrong_first_derivatives(exact, call, [args[i] for i in wrt_positions], found=found)
 
     def _crashed(self, crash: Crash, owner: str | None = None) -> None:
         """A forward or backward that raised: the failure of the contract that owns the crash

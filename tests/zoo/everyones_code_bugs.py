@@ -23,6 +23,10 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   over the whole row instead of over the support: wrong by O(1), far beyond any rounding budget.
 * ``linear_mixed_backward`` (class 10, autocast): y = x @ w with no thought of autocast; backward
   multiplies the bfloat16 grad_output with the float32 saved weight, which raises under autocast.
+* ``max_pool_mask_grad`` (class 8, reference): backward is ``grad * (window == max)``, the
+  whole gradient to every tied element of a window; right wherever the window's two values differ,
+  so only a drawn tie shows it (its sum over the tie doubles), and gradcheck, whose values are
+  kept apart, never meets one.
 * ``gelu_tanh_under_autocast_halved`` (class 10, autocast): the tanh approximation it takes under
   autocast (no ``custom_fwd``) forgets the 0.5: twice GELU, only under autocast.
 """
@@ -274,3 +278,29 @@ class GeluTanhUnderAutocastHalved(torch.autograd.Function):
 
 
 register(GeluTanhUnderAutocastHalved, name="gelu_tanh_under_autocast_halved", inputs=[Tensor("x", "*batch n")], reference=F.gelu)
+
+
+class MaxPoolMaskGrad(torch.autograd.Function):
+    """max over windows of 2 along the last dim; backward masks with window == max (every tied element)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        windows = x.unflatten(-1, (-1, 2))
+        peak = windows.amax(-1)
+        ctx.save_for_backward(windows, peak)
+        return peak
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        windows, peak = ctx.saved_tensors
+        return (grad.unsqueeze(-1) * (windows == peak.unsqueeze(-1)).to(grad.dtype)).flatten(-2)
+
+
+def max_pool_pairs(x: torch.Tensor) -> torch.Tensor:
+    return F.max_pool1d(x.reshape(-1, 1, x.shape[-1]), 2).reshape(*x.shape[:-1], x.shape[-1] // 2)
+
+
+register(
+    MaxPoolMaskGrad, name="max_pool_mask_grad", inputs=[Tensor("x", "*batch 2*w")], reference=max_pool_pairs,
+    dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)

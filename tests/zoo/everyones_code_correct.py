@@ -48,6 +48,19 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   float64 it is a few rounding steps from the reference (eps in float64): within the reference
   contract's float64 rule (``assert_close``); func, forward_ad and compile once held float64 to
   a 2-step floor and failed it (a new user's trial: "a forward defect", while reference passed).
+* ``max_pool_last_tie`` (MaxPoolLastTie, class 8): max pooling over windows of 2 along the last
+  dim whose backward gives a tied window's gradient to its last element, where torch's max_pool1d
+  (the reference) picks the first: at a tie both are right. reference compares the sum over each
+  tie (drawn on purpose), never which element gets it.
+* ``masked_logcumsumexp`` (MaskedLogCumSumExp, class 8): log-cumsum-exp of x plus an additive
+  mask, a loop with ``logaddexp``, whose backward gives 0 where an output is -inf (no input moves
+  it). torch's own backward gives NaN there (-inf - -inf), and gradcheck's differences of a -inf
+  output are NaN: gradcheck and stability once failed it (a new user's trial).
+* ``quant_codes`` (QuantCodes, class 12): int8 codes ``round(x / scale)`` beside the dequantised
+  value, straight-through gradient declared as ``surrogate=``. In bfloat16 ``x / scale`` may round
+  onto a half where float64's is not, so a code differs from the float64 truth's by one while
+  it equals plain PyTorch's in bfloat16: reference once compared integer outputs with the float64
+  truth alone (a new user's trial).
 """
 
 from __future__ import annotations
@@ -59,7 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from conformance import Derived, Scalar, Tensor, register
+from conformance import AdditiveMask, Derived, Scalar, Tensor, register
 
 
 class InplaceSquare(torch.autograd.Function):
@@ -397,4 +410,97 @@ register(
     KLDivLogTarget, name="kl_div_log_target",
     inputs=[Tensor("x", "*batch n"), Tensor("t", "*batch n", domain=(0.0, 20.0))],
     reference=lambda x, t: (t.exp() * (t - x)).mean(), dtypes=(torch.float64, torch.float32),
+)
+
+
+class MaxPoolLastTie(torch.autograd.Function):
+    """max over windows of 2 along the last dim; the gradient goes to the window's last maximum."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        windows = x.unflatten(-1, (-1, 2))
+        last = (windows[..., 1] >= windows[..., 0]).long()  # the last of a tie
+        ctx.save_for_backward(last)
+        ctx.shape = x.shape
+        return windows.gather(-1, last.unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (last,) = ctx.saved_tensors
+        windows = grad.new_zeros(ctx.shape).unflatten(-1, (-1, 2))
+        return windows.scatter(-1, last.unsqueeze(-1), grad.unsqueeze(-1)).flatten(-2)
+
+
+def max_pool_pairs(x: torch.Tensor) -> torch.Tensor:
+    return F.max_pool1d(x.reshape(-1, 1, x.shape[-1]), 2).reshape(*x.shape[:-1], x.shape[-1] // 2)
+
+
+register(
+    MaxPoolLastTie, name="max_pool_last_tie", inputs=[Tensor("x", "*batch 2*w")], reference=max_pool_pairs,
+    dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)
+
+
+class MaskedLogCumSumExp(torch.autograd.Function):
+    """log(cumsum(exp(x + bias))) along the last dim, a loop over positions; 0 gradient where y = -inf."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        z = x + bias
+        running = z[..., 0]
+        ys = [running]
+        for j in range(1, z.shape[-1]):
+            running = torch.logaddexp(running, z[..., j])
+            ys.append(running)
+        y = torch.stack(ys, -1)
+        ctx.save_for_backward(z, y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        z, y = ctx.saved_tensors
+        # d y_j / d z_i = exp(z_i - y_j) for i <= j, summed right to left: s_i = g_i + exp(y_i - y_(i+1)) s_(i+1)
+        # (y never decreases, so every exponent is <= 0); 0 where an exponent is -inf - -inf (a masked prefix).
+        def weight(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.where(torch.isfinite(b), torch.exp(a - torch.where(torch.isfinite(b), b, 0)), 0)
+
+        running = grad[..., -1]
+        grads = [weight(z[..., -1], y[..., -1]) * running]
+        for i in range(z.shape[-1] - 2, -1, -1):
+            running = grad[..., i] + weight(y[..., i], y[..., i + 1]) * running
+            grads.append(weight(z[..., i], y[..., i]) * running)
+        return torch.stack(grads[::-1], -1), None
+
+
+register(
+    MaskedLogCumSumExp, name="masked_logcumsumexp", inputs=[Tensor("x", "*batch n"), AdditiveMask("bias", "*batch n")],
+    reference=lambda x, bias: torch.logcumsumexp(x + bias, -1), dtypes=(torch.float64, torch.float32), double_backward=False,
+)
+
+
+class QuantCodes(torch.autograd.Function):
+    """int8 codes round(x / scale) and the dequantised codes * scale; straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.round(x / scale).clamp(-128, 127)
+        packed = codes.to(torch.int8)
+        ctx.mark_non_differentiable(packed)
+        return packed, codes * scale
+
+    @staticmethod
+    def backward(ctx: Any, grad_codes: torch.Tensor | None, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.clone(), None
+
+
+def _quantised(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    codes = torch.round(x / scale).clamp(-128, 127)
+    return codes.to(torch.int8), codes * scale
+
+
+register(
+    QuantCodes, name="quant_codes", inputs=[Tensor("x", "*batch n"), Scalar("scale", 0.1)], reference=_quantised,
+    surrogate=lambda x, scale: (torch.round(x / scale).clamp(-128, 127).to(torch.int8), x.clone()),
+    dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
 )

@@ -66,8 +66,11 @@ def mask_kind_label(name: str) -> str:
     return f"{name} mask kind"
 
 
+PATTERN_SUFFIX = " pattern"
+
+
 def pattern_label(name: str) -> str:
-    return f"{name} pattern"
+    return f"{name}{PATTERN_SUFFIX}"
 
 
 def scale_label(name: str) -> str:
@@ -248,11 +251,13 @@ def _corners(
         return within_budget(sizes, {**no_batch, **{name: (2,) * rank for name, rank in ranks.items()}})
 
     size_rows: list[dict[str, int]] = []
+    big_size_rows: list[int] = []
     small_items: list[tuple[str, int]] = []
     for name in names:
         small, big = _size_corners(name, bounds[name], rules.get(name, DimRule()), fits)
         # One big dim per corner, the others at their smallest (a dim bounding it at least as big).
         size_rows += [_with_bounding_dims({name: s}, rules) for s in big]
+        big_size_rows += [s for s in big]
         small_items += [(name, s) for s in small]
     while small_items:  # small sizes of different dims share a corner
         row: dict[str, int] = {}
@@ -261,6 +266,7 @@ def _corners(
                 row[item[0]] = item[1]
                 small_items.remove(item)
         size_rows.insert(0, row)
+    big_rows = set(range(len(size_rows) - len(big_size_rows), len(size_rows)))
     # One corner per *batch group with many rows (rank 1, the largest of BIG_SIZES in the budget):
     # kernels flatten the batch into rows and tile those (a Python loop over blocks of rows), and
     # rank corners alone (sides of 2) never pass a block of 4 rows.
@@ -283,6 +289,12 @@ def _corners(
         # ``constant``), where an accumulator in the tested half precision is off by many steps.
         if label == GRAD_KIND_LABEL and index in big_batches:
             return levels - 1
+        if label.endswith(PATTERN_SUFFIX) and levels > 1:
+            # A big size keeps the first value pattern (``ascending``: a row's maximum in its last
+            # block); the other corners take the others in turn (``repeats``: ties on purpose).
+            if index in big_rows:
+                return 0
+            return 1 + (index - sum(1 for i in big_rows if i < index)) % (levels - 1)
         if label != REQUIRES_GRAD_LABEL:
             return index % levels
         return 0 if index in big_batches else (index - sum(1 for i in big_batches if i < index)) % levels

@@ -20,7 +20,8 @@ What the corners cover (:func:`coverage_corners`):
   (<, =, >) between two dims that stand in the same place of two inputs (q_len and k_len);
 * every dtype and every value of the categorical draws the contract varies beyond the spec
   (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each input alone and none;
-  broadcast off and on; each mask kind, input layout, value pattern and grad_output kind): with
+  broadcast off and on; each mask kind, input layout, value pattern and grad_output kind; a
+  big-size corner keeps the first value pattern, the other corners take the others in turn): with
   ``pairwise_kinds``, pairwise with each other and with the factors above; otherwise one per corner
   in turn. Pairwise, they multiply the corners (over the reference ops at 10 examples: 1.3x for
   most contracts, 3.6x for layouts, 5.4x for the two memory contracts that vary all of them), so

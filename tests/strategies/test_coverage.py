@@ -298,3 +298,21 @@ def test_after_a_failure_a_many_rows_corner_is_tried_at_fewer_rows_smallest_firs
     fewer = [c.batch_shape("batch") for c in smaller_corners(ROWS, corner)]
     assert fewer == [(2,), (17,), (33,), (65,)], fewer
     assert all(c.sizes == corner.sizes for c in smaller_corners(ROWS, corner))
+
+
+def test_big_size_corners_keep_the_first_value_pattern_and_the_others_take_the_rest_in_turn() -> None:
+    # ascending at a big size puts a row's maximum in its last, partial block; repeats (ties on purpose) go elsewhere
+    spec = checked_spec([Tensor("x", "*batch n")])
+    options = CaseOptions(value_patterns=("ascending", "random", "repeats"))
+    kinds = case_kinds(spec, options)
+    assert ("x pattern", 3) in kinds
+    corners = coverage_corners(spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=2, kinds=kinds)
+    big = [c for c in corners if dict(c.sizes).get("n", 0) >= 17]
+    assert big and all(c.choice("x pattern") == 0 for c in big)
+    assert {c.choice("x pattern") for c in corners if c not in big} == {1, 2}
+    for corner in corners:
+        (case,) = collect_examples(cases(spec, options.replace(corner=corner)), 1)
+        (recipe,) = case.recipes
+        assert isinstance(recipe, TensorRecipe) and recipe.pattern == options.value_patterns[corner.choice("x pattern") or 0]
+    # A contract that keeps values apart (gradcheck's spacing) draws no pattern at all.
+    assert not any(label == "x pattern" for label, _ in case_kinds(spec, options.replace(spacing=1e-3)))

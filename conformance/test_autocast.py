@@ -376,6 +376,8 @@ def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = Fal
         for a, g in neighbouring_cases(case, pristine, grad_outputs, None, dtype_name)
     ])
     if found is not None:
+        if found.what.startswith("grad["):  # every output is right: a wrong gradient may be gradcheck's
+            target.blocked_by_wrong_gradients(case, found.summary)
         raise Blocked(Defect("reference", f"{spec.display_name} is wrong without autocast too: not autocast's defect"), case)
 
 

@@ -360,6 +360,7 @@ class Comparison:
     summary: str
     details: str
     nonfinite: bool = False
+    what: str = ""  # the value's label (``grad['x']``), where the comparison names one
 
 
 def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -891,7 +892,7 @@ def compare_budget(
             f"\nReference's own error, largest over {1 + len(resampled)} evaluations in "
             f"{str(dtype).removeprefix('torch.')} (neighbouring inputs): {reference_error:.6g}"
         )
-    return Comparison(summary, details)
+    return Comparison(summary, details, what=what)
 
 
 def _accumulated_text(accumulated: float, accumulation: int) -> str:

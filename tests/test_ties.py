@@ -62,9 +62,9 @@ def test_slot_resamples_make_each_tied_element_once_the_largest_and_once_the_sma
     assert groups is not None
     moved = [args[0] for args, _ in tie_slot_cases([x], {}, {0: groups})]
     assert len(moved) == 6  # 3 ranks, each up and down
-    tied = moved_tied = [m[:3] for m in moved]
+    tied = [m[:3] for m in moved]
     assert {int(m.argmax()) for m in tied} == {0, 1, 2}
-    assert {int(m.argmin()) for m in moved_tied} == {0, 1, 2}
+    assert {int(m.argmin()) for m in tied} == {0, 1, 2}
     assert all(float(m[3]) == 1.0 for m in moved)  # an untied element stays
     assert all(len(set(m[:3].tolist())) > 1 for m in moved)
 

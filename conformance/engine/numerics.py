@@ -598,8 +598,16 @@ def truth_movement(truth: torch.Tensor, resampled: Sequence[tuple[torch.Tensor, 
     for _, other in resampled:
         other64 = other.detach().to("cpu", torch.float64)
         if other64.shape == truth64.shape:
-            moved = torch.maximum(moved, torch.nan_to_num((other64 - truth64).abs(), nan=0.0, posinf=0.0))
+            moved = torch.maximum(moved, _moved(truth64, other64))
     return moved
+
+
+def _moved(truth64: torch.Tensor, other64: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+    """``|other64 - truth64|`` (0 outside ``where``, and where either is not finite)."""
+    moved = (other64 - truth64).abs()
+    if where is not None:
+        moved = torch.where(where, moved, torch.zeros_like(moved))
+    return torch.nan_to_num(moved, nan=0.0, posinf=0.0)
 
 
 PLAIN = (bool, int, float, str)  # the non-tensor values compare_plain compares
@@ -786,8 +794,7 @@ def budget_parts(
             diff = torch.where(ok, (other64 - other_truth64).abs(), torch.zeros_like(other_truth64))
             reference_error = max(reference_error, float(diff.max()) if diff.numel() else 0.0)
             if other_truth64.shape == truth64.shape:
-                moved = torch.where(checked & ok, (other_truth64 - truth64).abs(), torch.zeros_like(truth64))
-                sensitivity = torch.maximum(sensitivity, torch.nan_to_num(moved, nan=0.0, posinf=0.0))
+                sensitivity = torch.maximum(sensitivity, _moved(truth64, other_truth64, checked & ok))
     terms_at = 0.0
     if terms is not None and terms.shape == truth64.shape:
         bounded = terms.detach().to("cpu", torch.float64)[checked]

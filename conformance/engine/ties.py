@@ -111,15 +111,16 @@ def compare_tie_sums(
     truth64 = truth.detach().to("cpu", torch.float64)
     actual64 = actual.detach().to("cpu", torch.float64)
     parts = budget_parts(truth64, baseline, dtype, resampled=resampled, floor_at=floor_at, terms=terms, accumulation=accumulation, steps=steps)
+    truth_sums = groups.summed(truth64)
+    actual_sums = groups.summed(torch.where(parts.checked, actual64, 0.0))  # a judged group is checked throughout
     if dtype == torch.float64:
         rtol, atol = float64_tolerance if float64_tolerance is not None else (FLOAT64_RTOL, FLOAT64_ATOL)
         per_element = atol + rtol * truth64.abs()
         own = torch.zeros(())
     else:
         per_element = torch.full_like(truth64, k * parts.reference_error + parts.floor)
-        own = (groups.summed(baseline) - groups.summed(truth64)).abs()
+        own = (groups.summed(baseline) - truth_sums).abs()
     judged = (groups.sizes >= 2) & (groups.summed((~(parts.checked & torch.isfinite(actual64))).to(torch.float64)) == 0)
-    truth_sums = groups.summed(truth64)
     moved = torch.zeros_like(truth_sums)
     for other_baseline, other_truth in resampled:
         if tuple(other_truth.shape) == groups.shape:
@@ -128,13 +129,13 @@ def compare_tie_sums(
                 own = torch.maximum(own, torch.nan_to_num((groups.summed(other_baseline) - groups.summed(other_truth)).abs(), nan=0.0))
     reference_error = float(torch.where(judged, own, 0.0).max()) if own.ndim else 0.0
     allowed = groups.summed(torch.where(parts.checked, per_element, 0.0)) + k * torch.clamp(moved, min=reference_error)
-    error = (groups.summed(torch.where(parts.checked, actual64, 0.0)) - truth_sums).abs()
+    error = (actual_sums - truth_sums).abs()
     excess = torch.where(judged, error - allowed, torch.full_like(error, -float("inf")))
     if not bool(judged.any()) or float(excess.max()) <= 0:
         return None
     group = int(excess.argmax())
     size, value = int(groups.sizes[group]), float(groups.values[group])
-    got, want = float(groups.summed(actual64)[group]), float(truth_sums[group])
+    got, want = float(actual_sums[group]), float(truth_sums[group])
     at = groups.members(group)
     shown = ", ".join(map(str, at)) + (", ..." if size > len(at) else "")
     summary = (

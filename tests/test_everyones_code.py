@@ -28,6 +28,8 @@ CORRECT: dict[str, set[str]] = {
     "max_pool_last_tie": set(),  # a tied window's gradient to its last element, the reference's to its first
     "masked_logcumsumexp": {"compile"},  # 0 gradient under a -inf output, where torch's backward gives NaN
     "quant_codes": set(),  # int8 codes that round the other way in bfloat16, as plain PyTorch's do
+    "clip_grad": set(),  # a gradient nonlinear in grad_output: a surrogate with a hook
+    "stop_grad_target": set(),  # no gradient for one input by design: a surrogate that detaches it
 }
 
 # Twin -> (the contract that fails it, what its message says).
@@ -43,6 +45,8 @@ TWINS: dict[str, tuple[str, str]] = {
     "sparsemax_mean_over_row": ("gradcheck", "analytical grad['z'] != numerical"),
     "gelu_tanh_under_autocast_halved": ("autocast", "max|output[0] - reference|"),
     "max_pool_mask_grad": ("reference", "sum of grad['x'] over the"),
+    "clip_grad_unsigned": ("gradcheck", "grad['x'] != autograd gradient of the declared surrogate"),
+    "stop_grad_target_leak": ("gradcheck", "grad['t']=a nonzero tensor, but should be zero (the surrogate's is None)"),
 }
 
 

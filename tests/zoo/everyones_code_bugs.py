@@ -29,6 +29,10 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   kept apart, never meets one.
 * ``gelu_tanh_under_autocast_halved`` (class 10, autocast): the tanh approximation it takes under
   autocast (no ``custom_fwd``) forgets the 0.5: twice GELU, only under autocast.
+* ``clip_grad_unsigned`` (gradcheck): clips ``grad.abs()``, so every clipped gradient is
+  positive; the surrogate (a hook that clips) says what backward should give.
+* ``stop_grad_target_leak`` (gradcheck): the target t gets the gradient the surrogate's
+  ``t.detach()`` says it has not.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from conformance import Derived, Tensor, register
+from conformance import Derived, Scalar, Tensor, register
 
 
 class InplaceSquareSignBits(torch.autograd.Function):
@@ -303,4 +307,49 @@ def max_pool_pairs(x: torch.Tensor) -> torch.Tensor:
 register(
     MaxPoolMaskGrad, name="max_pool_mask_grad", inputs=[Tensor("x", "*batch 2*w")], reference=max_pool_pairs,
     dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)
+
+
+class ClipGradUnsigned(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, c: float) -> torch.Tensor:
+        ctx.c = c
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.abs().clamp(max=ctx.c), None
+
+
+def clipped_identity(x: torch.Tensor, c: float) -> torch.Tensor:
+    y = x.clone()
+    if y.requires_grad:
+        y.register_hook(lambda grad: grad.clamp(-c, c))
+    return y
+
+
+register(
+    ClipGradUnsigned, name="clip_grad_unsigned", inputs=[Tensor("x", "*batch n"), Scalar("c", 0.5)],
+    reference=lambda x, c: x.clone(), surrogate=clipped_identity,
+    dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+)
+
+
+class StopGradTargetLeak(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, t)
+        return (x - t) ** 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, t = ctx.saved_tensors
+        grad_x = 2 * (x - t) * grad
+        return grad_x, -grad_x
+
+
+register(
+    StopGradTargetLeak, name="stop_grad_target_leak", inputs=[Tensor("x", "*batch n"), Tensor("t", "*batch n")],
+    reference=lambda x, t: (x - t) ** 2, surrogate=lambda x, t: (x - t.detach()) ** 2,
+    dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
 )

@@ -61,6 +61,11 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   onto a half where float64's is not, so a code differs from the float64 truth's by one while
   it equals plain PyTorch's in bfloat16: reference once compared integer outputs with the float64
   truth alone (a new user's trial).
+* ``clip_grad`` (ClipGrad): identity forward, backward clamps grad_output to [-c, c]:
+  a gradient no function of x has (it is not linear in grad_output). Its ``surrogate=`` clips
+  with a tensor hook, the recipe docs/specs.md shows (a new user's trial).
+* ``stop_grad_target`` (StopGradTarget): (x - t)**2 with no gradient for the target t
+  by design (distillation); ``surrogate=`` detaches t, the recipe docs/specs.md shows.
 """
 
 from __future__ import annotations
@@ -502,5 +507,54 @@ def _quantised(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tenso
 register(
     QuantCodes, name="quant_codes", inputs=[Tensor("x", "*batch n"), Scalar("scale", 0.1)], reference=_quantised,
     surrogate=lambda x, scale: (torch.round(x / scale).clamp(-128, 127).to(torch.int8), x.clone()),
+    dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+)
+
+
+# Gradient-only Functions: the surrogate is what backward differentiates.
+class ClipGrad(torch.autograd.Function):
+    """Identity forward; backward clips each gradient element to [-c, c]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, c: float) -> torch.Tensor:
+        ctx.c = c
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.clamp(-ctx.c, ctx.c), None
+
+
+def clipped_identity(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x, whose gradient is clipped on its way back (a hook: no function of x has this gradient)."""
+    y = x.clone()
+    if y.requires_grad:
+        y.register_hook(lambda grad: grad.clamp(-c, c))
+    return y
+
+
+register(
+    ClipGrad, name="clip_grad", inputs=[Tensor("x", "*batch n"), Scalar("c", 0.5)], reference=lambda x, c: x.clone(),
+    surrogate=clipped_identity, dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+)
+
+
+class StopGradTarget(torch.autograd.Function):
+    """(x - t)**2 with no gradient for the target t (distillation, BYOL)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, t)
+        return (x - t) ** 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        x, t = ctx.saved_tensors
+        return (2 * (x - t) * grad if ctx.needs_input_grad[0] else None), None
+
+
+register(
+    StopGradTarget, name="stop_grad_target", inputs=[Tensor("x", "*batch n"), Tensor("t", "*batch n")],
+    reference=lambda x, t: (x - t) ** 2, surrogate=lambda x, t: (x - t.detach()) ** 2,
     dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
 )

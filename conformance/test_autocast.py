@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, forward, gradients
+from conformance.engine.evaluate import Evaluated, forward, gradients, reference_error
 from conformance.engine.harness import differentiable_positions, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -64,6 +64,7 @@ from conformance.engine.numerics import (
     without_undefined_nans,
 )
 from conformance.engine.numerics import truth as float64_truth
+from conformance.engine.probe import Recorder
 from conformance.engine.report import advise, describe_value, fail
 from conformance.engine.runner import Target
 from conformance.engine.triton_interpreter import interpreter_limit
@@ -167,43 +168,17 @@ def check_autocast(target: Target, data: st.DataObject) -> None:
     low_name = str(low).removeprefix("torch.")
 
     def build(case: Case) -> list[Any]:
-        built = case.args()
-        return [a.detach().to(low).requires_grad_(a.requires_grad) if p in low_inputs else a for p, a in enumerate(built)]
+        return _given_in(case.args(), low_inputs, low)
 
+    if floating and low in spec.dtypes:
+        _runs_with_each_input_narrow(target, case, floating, low_inputs)
     args = build(case)
-    given = ", ".join(f"{names[p]}: {str(args[p].dtype).removeprefix('torch.')}" for p in floating) or "no floating inputs"
-    where = f"{spec.display_name} under torch.autocast({device!r}, dtype={low_name}), inputs {given}"
-    with random_state(spec, case):
-        try:
-            called = forward(case, args, autocast=(device, low))
-        except Exception as error:
-            if interpreter_limit(error) is not None:
-                raise  # the interpreter's gap (bfloat16): not run here, never the kernel's failure
-            _also_without_autocast(target, case)
-            fail(f"forward raised {type(error).__name__} under autocast, but should run [{where}]", f"{type(error).__name__}: {error}", _autocast_advice(spec.fn, device))
-    outputs, recorder = called.outputs, called.recorder
-    positions = differentiable_positions(outputs)
-    grad_outputs = dict(zip(positions, case.grad_outputs([outputs[p] for p in positions])))
-    # The truth's grad_outputs: copies, as a backward that writes into grad_output (inplace's
-    # finding) leaves them.
-    pristine_grads = {p: g.detach().clone() for p, g in grad_outputs.items()}
-    wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not positions or not wrt:
-        target.preflight(case)  # a forward that returns no tensor is return_count's
-        target.not_checked("no output carries a gradient back to an input under autocast")
+    where = _where(target, case, args, floating)
+    ran = _run_under_autocast(target, case, args, where)
+    if ran is None:
         return
-    try:
-        found = gradients([outputs[p] for p in positions], [args[p] for p in wrt], [grad_outputs[p] for p in positions])
-    except Exception as error:
-        if interpreter_limit(error) is not None:
-            raise
-        _also_without_autocast(target, case)
-        fail(
-            f"backward raised {type(error).__name__} after a forward under autocast, but should run [{where}; backward "
-            "called outside the autocast region, as loss.backward() is]",
-            f"{type(error).__name__}: {error}",
-            _autocast_advice(spec.fn, device),
-        )
+    outputs, recorder, wrt, found = ran.outputs, ran.recorder, ran.wrt, ran.found
+    pristine_grads = ran.pristine_grads
     raw = recorder.last.raw or ()
     narrow = [
         p for p in wrt
@@ -346,6 +321,95 @@ def _baseline_error(value: Judged, dtype: torch.dtype) -> float:
     baseline = value.baseline.detach().to("cpu", torch.float64)
     checked = checked_positions(truth, dtype, baseline)
     return float((baseline - truth).abs()[checked].max()) if bool(checked.any()) else 0.0
+
+
+@dataclasses.dataclass
+class _Ran:
+    """A forward under autocast and its backward outside it, as loss.backward() runs."""
+
+    outputs: tuple[Any, ...]
+    recorder: Recorder
+    wrt: list[int]  # positions of the inputs that require grad
+    found: tuple[torch.Tensor | None, ...]  # their gradients
+    pristine_grads: dict[int, torch.Tensor]  # copies of the grad_outputs (by output position)
+
+
+def _given_in(args: Sequence[Any], low_inputs: set[int], low: torch.dtype) -> list[Any]:
+    """``args`` with the inputs at ``low_inputs`` given in ``low``."""
+    return [a.detach().to(low).requires_grad_(a.requires_grad) if p in low_inputs else a for p, a in enumerate(args)]
+
+
+def _where(target: Target, case: Case, args: Sequence[Any], floating: Sequence[int]) -> str:
+    names = [r.name for r in case.recipes]
+    given = ", ".join(f"{names[p]}: {str(args[p].dtype).removeprefix('torch.')}" for p in floating) or "no floating inputs"
+    low_name = str(AUTOCAST_DTYPES[target.device]).removeprefix("torch.")
+    return f"{target.spec.display_name} under torch.autocast({target.device!r}, dtype={low_name}), inputs {given}"
+
+
+def _runs_with_each_input_narrow(target: Target, case: Case, floating: Sequence[int], drawn: set[int]) -> None:
+    """A model under autocast hands a Function bfloat16 activations beside float32 weights: with
+    each floating input alone in the autocast dtype (but the drawn mix, which the example runs
+    anyway), forward under autocast and backward must run wherever the reference's forward does
+    (every example: a crash on one mix must not wait for the draws to pick it)."""
+    low = AUTOCAST_DTYPES[target.device]
+    for position in floating:
+        if {position} != drawn:
+            args = _given_in(case.args(), {position}, low)
+            _run_under_autocast(target, case, args, _where(target, case, args, floating), judged=False)
+
+
+def _run_under_autocast(target: Target, case: Case, args: list[Any], where: str, *, judged: bool = True) -> _Ran | None:
+    """Forward on ``args`` under autocast and backward outside it; fail where either raises (a
+    forward raising where the reference's does too excepted: :func:`_forward_raised`). None when
+    there is nothing more to judge; the reason is recorded for a ``judged`` run."""
+    spec, device, low = target.spec, target.device, AUTOCAST_DTYPES[target.device]
+    with random_state(spec, case):
+        try:
+            called = forward(case, args, autocast=(device, low))
+        except Exception as error:
+            theirs = _forward_raised(target, case, args, error, (device, low), where)
+            if judged:
+                target.not_checked(f"the spec's reference raises under autocast with these inputs too ({theirs})")
+            return None
+    outputs = called.outputs
+    positions = differentiable_positions(outputs)
+    grad_outputs = dict(zip(positions, case.grad_outputs([outputs[p] for p in positions])))
+    # The truth's grad_outputs: copies, as a backward that writes into grad_output (inplace's
+    # finding) leaves them.
+    pristine_grads = {p: g.detach().clone() for p, g in grad_outputs.items()}
+    wrt = [p for p, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not positions or not wrt:
+        if judged:
+            target.preflight(case)  # a forward that returns no tensor is return_count's
+            target.not_checked("no output carries a gradient back to an input under autocast")
+        return None
+    try:
+        found = gradients([outputs[p] for p in positions], [args[p] for p in wrt], [grad_outputs[p] for p in positions])
+    except Exception as error:
+        if interpreter_limit(error) is not None:
+            raise
+        _also_without_autocast(target, case)
+        fail(
+            f"backward raised {type(error).__name__} after a forward under autocast, but should run [{where}; backward "
+            "called outside the autocast region, as loss.backward() is]",
+            f"{type(error).__name__}: {error}",
+            _autocast_advice(spec.fn, device),
+        )
+    return _Ran(outputs, called.recorder, wrt, found, pristine_grads)
+
+
+def _forward_raised(target: Target, case: Case, args: Sequence[Any], error: Exception, autocast: tuple[str, torch.dtype], where: str) -> str:
+    """Forward raised ``error`` under ``autocast``: fail, unless the reference raises on the same
+    inputs too (mixed dtypes the wrapped op refuses, as index_add does: the Function behaves as its
+    reference; returns what the reference raised) or the Triton interpreter cannot run it."""
+    if interpreter_limit(error) is not None:
+        raise error  # the interpreter's gap (bfloat16): not run here, never the kernel's failure
+    theirs = reference_error(case, args, autocast=autocast)
+    if theirs is not None:
+        return theirs
+    _also_without_autocast(target, case)
+    fail(f"forward raised {type(error).__name__} under autocast, but should run [{where}]", f"{type(error).__name__}: {error}",
+         _autocast_advice(target.spec.fn, autocast[0]))
 
 
 def _also_without_autocast(target: Target, case: Case, *, finiteness: bool = False) -> None:

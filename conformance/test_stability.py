@@ -48,6 +48,7 @@ from conformance.engine.harness import Execution
 from conformance.engine.numerics import (
     Comparison,
     Judged,
+    at_ordinary_magnitudes,
     baseline,
     cheap_budget_first,
     compare_finiteness,
@@ -211,13 +212,6 @@ def _outside_reference_rule(
         for moved_args, moved_grads in neighbouring_cases(case, args, grad_outputs, None, dtype_name)
     ]
     return judge_against_truth(spec, case.dtype, with_resamples(_judged(impl, exact, plain, args, names, context), resamples))
-
-
-def at_ordinary_magnitudes(case: Case) -> Case:
-    """``case`` with every tensor's magnitude scale at most 1 (the same shapes, masks and seeds)."""
-    return replace(case, recipes=tuple(
-        replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
-    ))
 
 
 def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:

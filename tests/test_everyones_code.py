@@ -30,6 +30,9 @@ CORRECT: dict[str, set[str]] = {
     "quant_codes": set(),  # int8 codes that round the other way in bfloat16, as plain PyTorch's do
     "clip_grad": set(),  # a gradient nonlinear in grad_output: a surrogate with a hook
     "stop_grad_target": set(),  # no gradient for one input by design: a surrogate that detaches it
+    "index_add_rows": set(),  # raises on mixed bfloat16/float32 inputs under autocast, as torch's index_add does
+    "inverse": set(),  # raises on the singular matrices an expanded layout makes, as its reference does
+    "spd_logdet": set(),  # a Cholesky that raises where its matrix is singular in float32 at large magnitudes
 }
 
 # Twin -> (the contract that fails it, what its message says).
@@ -46,6 +49,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "gelu_tanh_under_autocast_halved": ("autocast", "max|output[0] - reference|"),
     "max_pool_mask_grad": ("reference", "sum of grad['x'] over the"),
     "clip_grad_unsigned": ("gradcheck", "grad['x'] != autograd gradient of the declared surrogate"),
+    "linear_dtype_check": ("autocast", "forward raised TypeError under autocast, but should run"),
     "stop_grad_target_leak": ("gradcheck", "grad['t']=a nonzero tensor, but should be zero (the surrogate's is None)"),
 }
 
@@ -75,14 +79,15 @@ def test_correct_code_the_suite_once_failed_passes_every_contract(correct, name:
 
 @pytest.mark.parametrize("name", ["inplace_square", "narrow_rows", "sort_rows", "straight_through_sign", "sort_values_jvp", "linear_no_custom_fwd",
                                   "gelu_tanh_under_autocast", "scale_optional_bias", "add_into_inplace", "kl_div_log_target",
-                                  "max_pool_last_tie", "masked_logcumsumexp", "quant_codes"])
+                                  "max_pool_last_tie", "masked_logcumsumexp", "quant_codes", "index_add_rows",
+                                  "inverse", "spd_logdet"])
 def test_the_contract_that_once_failed_it_now_checks_it(correct, name: str) -> None:  # type: ignore[no-untyped-def]
     contract = {
         "inplace_square": "stability", "narrow_rows": "inplace", "sort_rows": "layouts",
         "straight_through_sign": "forward_ad", "sort_values_jvp": "forward_ad", "linear_no_custom_fwd": "autocast",
         "gelu_tanh_under_autocast": "autocast", "scale_optional_bias": "inplace", "add_into_inplace": "autocast",
         "kl_div_log_target": "gradcheck", "max_pool_last_tie": "reference", "masked_logcumsumexp": "stability",
-        "quant_codes": "reference",
+        "quant_codes": "reference", "index_add_rows": "autocast", "inverse": "reference", "spd_logdet": "out_of_bounds",
     }[name]
     correct.passed(contract, name)  # passed, not n/a: the contract ran its checks
 
@@ -132,3 +137,13 @@ def test_a_sole_tensor_output_beside_non_tensor_outputs_is_named_so(correct) -> 
     verdict = correct.verdict("undefined_grads", "row_norms_numpy")
     assert verdict.recorded.outcome is Outcome.NOT_APPLICABLE
     assert "has a single tensor output (its other outputs are not tensors)" in verdict.recorded.reason, verdict.recorded.reason
+
+
+def test_a_linalg_error_at_every_magnitude_is_a_crash(conformance_run) -> None:  # type: ignore[no-untyped-def]
+    """Its correct twin (spd_logdet) raises only on cases outside the op's domain and passes; this
+    one raises on every case, ordinary magnitudes too: return_count fails, the others are blocked."""
+    run = conformance_run(ZOO / "everyones_code_bugs.py", "-k", "spd_logdet_minus_shift", contracts=("return_count", "stability", "layouts"))
+    assert "forward raised _LinAlgError" in run.failed("return_count", "spd_logdet_minus_shift")
+    for contract in ("stability", "layouts"):
+        recorded = run.verdict(contract, "spd_logdet_minus_shift").recorded
+        assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "return_count", (contract, recorded)

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from conformance.engine.defects import CRASH_OWNER, Blocked, Defect, ForwardError, as_called
+from conformance.engine.defects import CRASH_OWNER, Blocked, Defect, ForwardError, as_called, raised
 from conformance.engine.global_state import RngStates, kept_flags, rng_states, set_rng_states
 from conformance.engine.harness import (
     Execution,
@@ -70,6 +70,7 @@ __all__ = [
     "outputs_and_grads",
     "recorded_function_of_tensors",
     "reference_double_backward",
+    "reference_error",
     "reference_jvp",
     "reference_of_tensors",
     "run_reference",
@@ -712,6 +713,21 @@ def evaluate_with_terms(
     result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
     result.accumulation = mode.accumulation
     return result
+
+
+def reference_error(case: Case, args: Sequence[Any] | None = None, *, autocast: Autocast | None = None) -> str | None:
+    """What the spec's reference raises on ``args`` (default: the case's own), under ``autocast``
+    when given, as :func:`conformance.engine.defects.raised` words it; None when it runs. A case on
+    which the Function raises where its reference raises too (a singular matrix for an inverse,
+    mixed dtypes for index_add) is outside the op's domain, not a crash of the Function."""
+    spec = case.spec
+    values = case.args() if args is None else args
+    try:
+        with kept_flags(), random_state(spec, case), _autocast(autocast), torch.no_grad():
+            spec.reference(*[fresh(a) for a in values])
+    except Exception as error:
+        return raised(error)
+    return None
 
 
 def fresh(value: Any) -> Any:

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from conformance.engine.defects import Blocked, Defect, read_outside_defect
+from conformance.engine.defects import Blocked, Defect, raised, read_outside_defect
 from conformance.engine.evaluate import (
     Autocast,
     Evaluated,
@@ -64,6 +64,7 @@ from conformance.engine.report import ContractFailure, finiteness_report, mismat
 from conformance.spec import DEFAULT_TOLERANCES, Spec
 from conformance.spec.spec import FLOAT64_TOLERANCE_KEYS
 from strategies.cases import Case
+from strategies.recipes import TensorRecipe
 
 __all__ = [
     "FLOOR_ULPS",
@@ -74,6 +75,7 @@ __all__ = [
     "Judged",
     "Reordering",
     "Spread",
+    "at_ordinary_magnitudes",
     "baseline",
     "budget_parts",
     "cheap_budget_first",
@@ -95,6 +97,7 @@ __all__ = [
     "neighbouring_cases",
     "neighbours",
     "plain_leaves",
+    "reference_has_no_answer",
     "reordering_tolerance",
     "rounding_floor",
     "stepped",
@@ -103,6 +106,7 @@ __all__ = [
     "truth",
     "truth_and_baseline",
     "truth_movement",
+    "truth_outputs",
     "ulp",
     "upcast",
     "with_resamples",
@@ -274,6 +278,48 @@ def truth(
     return without_undefined_nans(spec, case, args, names, exact)
 
 
+def truth_outputs(spec: Spec, case: Case, args: Sequence[Any]) -> tuple[Any, ...]:
+    """The spec's reference outputs in float64 on the CPU, TF32 off, on ``args`` upcast (no gradients)."""
+    with strict_float32(), random_state(spec, case), torch.no_grad():
+        return as_tuple(spec.reference(*[upcast(a) for a in args]))
+
+
+def at_ordinary_magnitudes(case: Case) -> Case:
+    """``case`` with every tensor's magnitude scale at most 1 (the same shapes, masks and seeds)."""
+    return dataclasses.replace(case, recipes=tuple(
+        dataclasses.replace(r, scale=min(r.scale, 1.0)) if isinstance(r, TensorRecipe) else r for r in case.recipes
+    ))
+
+
+def reference_has_no_answer(case: Case) -> str | None:
+    """Why the spec's reference has no answer on ``case``, or None when it has one: it raises, or an
+    output is not finite for want of range or precision -- plain PyTorch's in the case's dtype
+    where the float64 truth is finite (a float32 Cholesky of a a^T + n I whose n I is below
+    rounding), or the float64 truth's own where it is finite at ordinary magnitudes (the same at
+    1e100). A Function that raises there, as torch.linalg.cholesky does, says so too. A masked
+    row's -inf is -inf in every dtype and at every magnitude: an answer, by definition."""
+    spec = case.spec
+    args = case.args()
+    try:
+        with random_state(spec, case), torch.no_grad():
+            plain = as_tuple(spec.reference(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args]))
+        exact = truth_outputs(spec, case, args)
+        ordinary = at_ordinary_magnitudes(case)
+        at_ordinary = truth_outputs(spec, ordinary, ordinary.args()) if ordinary != case else exact
+    except Exception as error:
+        return f"it raises {raised(error)}"
+    dtype = str(case.dtype).removeprefix("torch.")
+    for position, values in enumerate(zip(plain, exact, at_ordinary)):
+        if not all(isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == values[1].shape for v in values):
+            continue
+        own, truth64, small = (v.detach().cpu() for v in values)
+        if bool((torch.isfinite(truth64) & ~torch.isfinite(own)).any()):
+            return f"its output[{position}] in {dtype} is not finite where the float64 truth is"
+        if bool((~torch.isfinite(truth64) & torch.isfinite(small)).any()):
+            return f"its float64 output[{position}] is not finite here, though finite at ordinary magnitudes"
+    return None
+
+
 def without_undefined_nans(spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], evaluated: Evaluated) -> Evaluated:
     """``evaluated`` (a float64 truth on ``args``) with each NaN gradient element that no output
     depends on set to 0: moving those elements of the input (all at once) leaves every output of
@@ -292,9 +338,7 @@ def without_undefined_nans(spec: Spec, case: Case, args: Sequence[Any], names: S
         base = upcast(value).detach()
         moved = list(args)
         moved[position] = torch.where(nans, base + 1 + base.abs(), base)  # no fixed point, a -inf stays
-        with strict_float32(), random_state(spec, case), torch.no_grad():
-            before = as_tuple(spec.reference(*[upcast(a) for a in args]))
-            after = as_tuple(spec.reference(*[upcast(a) for a in moved]))
+        before, after = truth_outputs(spec, case, args), truth_outputs(spec, case, moved)
         if len(before) == len(after) and all(_same_values(a, b) for a, b in zip(before, after)):
             grads[name], changed = torch.where(nans.to(grad.device), torch.zeros((), dtype=grad.dtype, device=grad.device), grad), True
     return dataclasses.replace(evaluated, grads=grads) if changed else evaluated

@@ -43,6 +43,7 @@ from conformance.engine.defects import (
     ForwardError,
     backward_raised,
     forward_raised,
+    raised,
     require_sound,
 )
 from conformance.engine.evaluate import crash_owner, execute, function_of_tensors
@@ -54,7 +55,7 @@ from conformance.engine.finite_differences import (
 from conformance.engine.global_state import SUITE_THREADS, pinned_global_state, pinned_values
 from conformance.engine.harness import Execution, random_state, why_no_backward
 from conformance.engine.literals import Literals, drawing_from, snapshot
-from conformance.engine.numerics import undeclared_randomness
+from conformance.engine.numerics import at_ordinary_magnitudes, reference_has_no_answer, undeclared_randomness
 from conformance.engine.pool import EvaluationPool
 from conformance.engine.report import (
     ContractFailure,
@@ -98,6 +99,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# torch.linalg's error for a matrix singular or not positive-definite in its precision
+LINALG_ERROR: type[Exception] = torch.linalg.LinAlgError  # type: ignore[attr-defined]  # not in torch's stubs
 
 # Requires-grad subsets, broadcasting, every layout, mask and grad_output kind: what the contracts
 # that own a defect others may meet anywhere (the memory contracts) draw from.
@@ -845,7 +849,7 @@ class Target:
         (:func:`conformance.engine.evaluate.crash_owner`), a "blocked by" line for any other."""
         __tracebackhide__ = True
         cause = crash.__cause__ or crash
-        if self._interpreter_limited(cause):
+        if self._interpreter_limited(cause) or self._outside_the_domain(crash):
             return
         if isinstance(crash, BackwardError):
             summary = crash.summary
@@ -856,6 +860,33 @@ class Target:
         if owner != self.contract:
             raise Blocked(Defect(owner, summary), crash.case, crash=True)
         fail(summary, f"{type(cause).__name__}: {cause}", user_frames(cause), case=crash.case)
+
+    def _outside_the_domain(self, crash: Crash) -> bool:
+        """Whether ``crash`` is a forward that raised on a case outside the op's domain, where the
+        example checks nothing: the spec's reference has no answer there either
+        (:func:`conformance.engine.numerics.reference_has_no_answer`: an inverse of the singular
+        matrix an expanded layout draws), or torch.linalg declared a matrix singular or not
+        positive-definite in the case's precision at large magnitudes, on a case that runs at
+        ordinary ones (a Cholesky of a a^T + n I whose n I is below rounding at 3e4)."""
+        if not isinstance(crash, ForwardError) or crash.case is None:
+            return False
+        case, cause = crash.case, crash.__cause__ or crash
+        why = reference_has_no_answer(case)
+        if why is not None:
+            why = f"the spec's reference has no answer either: {why}"
+        elif isinstance(cause, LINALG_ERROR) and at_ordinary_magnitudes(case) != case:
+            try:
+                execute(at_ordinary_magnitudes(case), backward=False)
+            except ForwardError:
+                return False  # raises at every magnitude: a crash
+            why = f"torch.linalg finds the matrix numerically singular at these magnitudes in {str(case.dtype).removeprefix('torch.')}"
+        if why is None:
+            return False
+        self.not_checked(
+            f"forward raised {raised(cause)} on a case outside the op's domain ({why}); leave such inputs out with a "
+            "Tensor domain= or a Derived input to check more"
+        )
+        return True
 
     def blocked_if_owned_elsewhere(self, error: BaseException) -> None:
         """For a contract that words an error it met itself: when ``error`` was raised inside the

@@ -33,6 +33,13 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   positive; the surrogate (a hook that clips) says what backward should give.
 * ``stop_grad_target_leak`` (gradcheck): the target t gets the gradient the surrogate's
   ``t.detach()`` says it has not.
+* ``linear_dtype_check`` (autocast): refuses inputs of different dtypes, as a kernel launcher
+  does, where its reference ``x @ w`` runs under autocast: a model under autocast that hands it a
+  bfloat16 activation and a float32 weight crashes.
+* ``spd_logdet_minus_shift`` (return_count): log det(a a^T - n I) by Cholesky, the shift's sign
+  wrong: a (2k, k) ``a`` makes a a^T singular, so the matrix has eigenvalue -n and
+  torch.linalg.cholesky raises at every magnitude -- a crash, not a case outside the domain
+  (its correct twin raises only where large magnitudes leave n I below rounding).
 """
 
 from __future__ import annotations
@@ -352,4 +359,51 @@ register(
     StopGradTargetLeak, name="stop_grad_target_leak", inputs=[Tensor("x", "*batch n"), Tensor("t", "*batch n")],
     reference=lambda x, t: (x - t) ** 2, surrogate=lambda x, t: (x - t.detach()) ** 2,
     dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+)
+
+
+class LinearDtypeCheck(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype != w.dtype:
+            raise TypeError(f"x and w must have the same dtype, got {x.dtype} and {w.dtype}")
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        grad = grad.to(w.dtype)  # a bfloat16 output of autocast's matmul
+        return grad @ w.mT, (x.reshape(-1, x.shape[-1]).mT @ grad.reshape(-1, grad.shape[-1]))
+
+
+register(
+    LinearDtypeCheck, name="linear_dtype_check", inputs=[Tensor("x", "*batch k"), Tensor("w", "k n")],
+    reference=lambda x, w: x @ w, dtypes=(torch.float64, torch.float32, torch.bfloat16),
+)
+
+
+class SPDLogdetMinusShift(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        n = a.shape[-2]
+        factor = torch.linalg.cholesky(a @ a.mT - n * torch.eye(n, dtype=a.dtype, device=a.device))
+        ctx.save_for_backward(a, factor)
+        return 2 * torch.log(torch.diagonal(factor, dim1=-2, dim2=-1)).sum(-1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        a, factor = ctx.saved_tensors
+        return 2 * grad[..., None, None] * (torch.cholesky_inverse(factor) @ a)
+
+
+def spd_logdet(a: torch.Tensor) -> torch.Tensor:
+    n = a.shape[-2]
+    return torch.logdet(a @ a.mT + n * torch.eye(n, dtype=a.dtype, device=a.device))
+
+
+register(
+    SPDLogdetMinusShift, name="spd_logdet_minus_shift", inputs=[Tensor("a", "*batch 2*k k")], reference=spd_logdet,
+    double_backward=False,
 )

@@ -66,6 +66,16 @@ every contract. Their buggy twins are in everyones_code_bugs.py.
   with a tensor hook, the recipe docs/specs.md shows (a new user's trial).
 * ``stop_grad_target`` (StopGradTarget): (x - t)**2 with no gradient for the target t
   by design (distillation); ``surrogate=`` detaches t, the recipe docs/specs.md shows.
+* ``index_add_rows`` (IndexAddRows): ``base.index_add(0, idx, src)``, which raises on a bfloat16
+  base and a float32 src, as torch's index_add does: autocast once failed it on the mixed inputs
+  it hands a Function that lists bfloat16, though its reference raises there too (a new user's trial).
+* ``inverse`` (Inverse): ``torch.linalg.inv`` on a plain square Tensor. An expanded layout's
+  constant rows make a singular matrix, on which it raises as its reference does: layouts once
+  failed it (a new user's trial; a case both raise on is outside the op's domain).
+* ``spd_logdet`` (SPDLogdet): log det(a a^T + n I) by Cholesky. At magnitude 1e100 the n I is
+  below float64's rounding, the matrix is singular and torch.linalg.cholesky raises, where the
+  float64 reference gives -inf (finite at ordinary magnitudes): stability once failed it as a
+  crash (a new user's trial).
 """
 
 from __future__ import annotations
@@ -77,7 +87,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from conformance import AdditiveMask, Derived, Scalar, Tensor, register
+from conformance import AdditiveMask, Derived, Index, Scalar, Tensor, register
 
 
 class InplaceSquare(torch.autograd.Function):
@@ -558,3 +568,62 @@ register(
     reference=lambda x, t: (x - t) ** 2, surrogate=lambda x, t: (x - t.detach()) ** 2,
     dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
 )
+
+
+class IndexAddRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, base: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(idx)
+        return base.index_add(0, idx, src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, torch.Tensor | None]:
+        (idx,) = ctx.saved_tensors
+        needs_base, _, needs_src = ctx.needs_input_grad
+        return (grad if needs_base else None), None, (grad.index_select(0, idx) if needs_src else None)
+
+
+register(
+    IndexAddRows, name="index_add_rows", inputs=[Tensor("base", "n d"), Index("idx", "k", high="n"), Tensor("src", "k d")],
+    reference=lambda base, idx, src: base.index_add(0, idx, src),
+    dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+)
+
+
+class Inverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        inverse = torch.linalg.inv(a)
+        ctx.save_for_backward(inverse)
+        return inverse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (inverse,) = ctx.saved_tensors
+        return -inverse.mT @ grad @ inverse.mT
+
+
+register(Inverse, name="inverse", inputs=[Tensor("a", "*batch n n")], reference=torch.linalg.inv)
+
+
+class SPDLogdet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        n = a.shape[-2]
+        factor = torch.linalg.cholesky(a @ a.mT + n * torch.eye(n, dtype=a.dtype, device=a.device))
+        ctx.save_for_backward(a, factor)
+        return 2 * torch.log(torch.diagonal(factor, dim1=-2, dim2=-1)).sum(-1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        a, factor = ctx.saved_tensors
+        return 2 * grad[..., None, None] * (torch.cholesky_inverse(factor) @ a)
+
+
+def spd_logdet(a: torch.Tensor) -> torch.Tensor:
+    n = a.shape[-2]
+    return torch.logdet(a @ a.mT + n * torch.eye(n, dtype=a.dtype, device=a.device))
+
+
+register(SPDLogdet, name="spd_logdet", inputs=[Tensor("a", "*batch n k")], reference=spd_logdet, double_backward=False)

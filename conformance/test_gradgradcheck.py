@@ -210,6 +210,7 @@ def _check_twice_differentiable(
             fail(f"double backward raised, but the spec declares double_backward=True [{mode}]", CAUSE_ONCE, str(error))
         if interpreter_limit(error) is not None:
             raise  # the Triton interpreter's limit: the runner leaves such an example unchecked
+        blocked_by_undeclared_writes(case)  # a saved input written by backward: autograd refuses the double backward
         target.blocked_if_owned_elsewhere(error)  # a crash in its own code another contract owns (a saved tensor written)
         fail(
             f"gradgradcheck raised {type(error).__name__}, but the spec declares double_backward=True [{mode}]",

@@ -50,6 +50,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "max_pool_mask_grad": ("reference", "sum of grad['x'] over the"),
     "clip_grad_unsigned": ("gradcheck", "grad['x'] != autograd gradient of the declared surrogate"),
     "linear_dtype_check": ("autocast", "forward raised TypeError under autocast, but should run"),
+    "logsumexp_softmax_in_place": ("inplace", "input 'x' was modified in place by backward"),
     "stop_grad_target_leak": ("gradcheck", "grad['t']=a nonzero tensor, but should be zero (the surrogate's is None)"),
 }
 
@@ -139,11 +140,27 @@ def test_a_sole_tensor_output_beside_non_tensor_outputs_is_named_so(correct) -> 
     assert "has a single tensor output (its other outputs are not tensors)" in verdict.recorded.reason, verdict.recorded.reason
 
 
-def test_a_linalg_error_at_every_magnitude_is_a_crash(conformance_run) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def domain_and_writes_run(conformance_run):  # type: ignore[no-untyped-def]
+    # made once per session: runs are cached by their arguments
+    return conformance_run(
+        ZOO / "everyones_code_bugs.py", "-k", "spd_logdet_minus_shift or logsumexp_softmax_in_place",
+        contracts=("return_count", "stability", "layouts", "inplace", "gradgradcheck"),
+    )
+
+
+def test_a_linalg_error_at_every_magnitude_is_a_crash(domain_and_writes_run) -> None:  # type: ignore[no-untyped-def]
     """Its correct twin (spd_logdet) raises only on cases outside the op's domain and passes; this
     one raises on every case, ordinary magnitudes too: return_count fails, the others are blocked."""
-    run = conformance_run(ZOO / "everyones_code_bugs.py", "-k", "spd_logdet_minus_shift", contracts=("return_count", "stability", "layouts"))
+    run = domain_and_writes_run
     assert "forward raised _LinAlgError" in run.failed("return_count", "spd_logdet_minus_shift")
     for contract in ("stability", "layouts"):
         recorded = run.verdict(contract, "spd_logdet_minus_shift").recorded
         assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "return_count", (contract, recorded)
+
+
+def test_a_double_backward_refused_over_a_saved_input_backward_wrote_is_blocked_by_inplace(domain_and_writes_run) -> None:  # type: ignore[no-untyped-def]
+    run = domain_and_writes_run
+    assert "input 'x' was modified in place by backward" in run.failed("inplace", "logsumexp_softmax_in_place")
+    recorded = run.verdict("gradgradcheck", "logsumexp_softmax_in_place").recorded
+    assert recorded.outcome is Outcome.BLOCKED and recorded.owner == "inplace", recorded

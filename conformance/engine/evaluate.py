@@ -54,6 +54,7 @@ __all__ = [
     "Evaluated",
     "Forward",
     "backward_every_leaf",
+    "backward_input_writes",
     "blocked_by_fake_kernel",
     "blocked_by_undeclared_writes",
     "blocked_by_unversioned_saves",
@@ -413,13 +414,39 @@ def undeclared_input_writes(case: Case) -> list[str]:
     return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
 
 
+def backward_input_writes(case: Case) -> list[str]:
+    """The inputs backward writes in place (values or version counter), the inplace contract's
+    finding: such a backward changes what a second backward, gradgradcheck's or finite
+    differences' next call reads. Empty when forward raises; a backward that raised after
+    writing has written."""
+    leaves = case.args()
+    names = [recipe.name for recipe in case.recipes]
+    watched: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+    try:
+        with random_state(case.spec, case):
+            outputs = forward(case, leaves, how="guarded").outputs
+            watched = [(name, arg, arg.detach().clone(), arg._version) for name, arg in zip(names, leaves) if isinstance(arg, torch.Tensor)]
+            positions = differentiable_positions(outputs)
+            wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+            if positions and wrt:
+                differentiable = [outputs[p] for p in positions]
+                gradients(differentiable, wrt, case.grad_outputs(differentiable))
+    except Exception:
+        pass
+    return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
+
+
 def blocked_by_undeclared_writes(case: Case) -> None:
     """Raise ``Blocked`` by inplace when forward writes into an input the spec does not declare
-    (:func:`undeclared_input_writes`): for a contract whose finding (a compiled difference, finite
-    differences that moved) such a write can explain."""
+    (:func:`undeclared_input_writes`), or backward into any input (:func:`backward_input_writes`):
+    for a contract whose finding (a compiled difference, finite differences that moved, a double
+    backward that meets a saved tensor written) such a write can explain."""
     written = undeclared_input_writes(case)
     if written:
         raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by forward, undeclared"), case)
+    written = backward_input_writes(case)
+    if written:
+        raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by backward"), case)
 
 
 def blocked_by_fake_kernel(case: Case) -> None:

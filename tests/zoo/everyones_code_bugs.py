@@ -40,6 +40,9 @@ the way hurried third-party code gets it wrong, each caught by the contract that
   wrong: a (2k, k) ``a`` makes a a^T singular, so the matrix has eigenvalue -n and
   torch.linalg.cholesky raises at every magnitude -- a crash, not a case outside the domain
   (its correct twin raises only where large magnitudes leave n I below rounding).
+* ``logsumexp_softmax_in_place`` (inplace): backward turns the saved input into the softmax in
+  place (``x.sub_(lse).exp_()``): right gradients, a clobbered x, and a double backward autograd
+  refuses (the saved x's version moved), which gradgradcheck reports as blocked by inplace.
 """
 
 from __future__ import annotations
@@ -406,4 +409,22 @@ def spd_logdet(a: torch.Tensor) -> torch.Tensor:
 register(
     SPDLogdetMinusShift, name="spd_logdet_minus_shift", inputs=[Tensor("a", "*batch 2*k k")], reference=spd_logdet,
     double_backward=False,
+)
+
+
+class LogSumExpSoftmaxInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.logsumexp(x, -1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return x.sub_(torch.logsumexp(x, -1, keepdim=True)).exp_() * grad[..., None]
+
+
+register(
+    LogSumExpSoftmaxInPlace, name="logsumexp_softmax_in_place", inputs=[Tensor("x", "*batch n")],
+    reference=lambda x: torch.logsumexp(x, -1),
 )

@@ -202,7 +202,7 @@ def structural_defects(
                 "return_count",
                 f"grad[{recipe.name!r}]={describe_value(value)}, but should be None [{where}]",
                 (
-                    f"{recipe.name!r} is a {recipe.kind} input (not differentiable); backward must return None for it.",
+                    f"{recipe.name!r} is {'an' if recipe.kind[:1] in 'aeiou' else 'a'} {recipe.kind} input (not differentiable); backward must return None for it.",
                     f"backward returned ({returned()}).",
                 ),
             ))

@@ -23,7 +23,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,9 @@ class ConformanceSession:
             )
         self.specs: list[Spec] = []
         self.matrix = OutcomeMatrix()
+        # The reports of failed and blocked contract tests, by (function, device, contract): the
+        # matrix may change their verdicts at the end, and pytest's own counts follow it.
+        self.reports: dict[tuple[str, str, str], pytest.TestReport] = {}
         self.is_worker = hasattr(config, "workerinput")
         self.runs_tests = runs_tests_here(config)
         self.flight: FlightRecorder | None = None
@@ -315,6 +318,8 @@ class ConformanceSession:
             if verdict is not None:
                 self.expectations.xpassed.update(verdict.unmet_expectations)
         self.matrix.record(function, device, contract, cell)
+        if cell.outcome in ("failed", "blocked"):
+            self.reports[(function, device, contract)] = report
 
     def coverage_lines(self) -> list[tuple[str, str]]:
         """Per Function, what its corners reach (sizes, Scalar values, size orders, dtypes), for the
@@ -381,14 +386,38 @@ class ConformanceSession:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.options.shard is not None and self.specs:
             # A slice left empty because the run has fewer rows than slices: that slice passed.
             session.exitstatus = pytest.ExitCode.OK
+        changed = []
         if self.flight is not None:  # the run's flight folder: every process's notes
-            self.matrix.one_failure_per_ending(run_endings(self.flight.record_path.parent))
+            changed = self.matrix.one_failure_per_ending(run_endings(self.flight.record_path.parent))
         # A test blocked by a defect whose owner passed is the defect's only report: it fails.
         unowned = self.matrix.report_unowned_defects()
+        self.follow_the_matrix([*changed, *unowned])
         self.matrix.name_chain_roots()  # every blocked cell names its defect's one failure
         strict_stale = self.expectations is not None and self.expectations.strict and self.stale_expectations()
         if (unowned or strict_stale) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def follow_the_matrix(self, changed: Sequence[tuple[str, str, str]]) -> None:
+        """pytest's own counts and summary follow the matrix where it changed a verdict at the end
+        (a blocked test that reports an unowned defect fails; a later noter of a hang is blocked
+        by the first): the test's report moves to the terminal's list of its new outcome."""
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        for key in changed:
+            report, cell = self.reports.get(key), self.matrix.cell(*key)
+            if report is None or cell is None or terminal is None:
+                continue
+            outcome = {"failed": "failed", "blocked": "skipped"}.get(cell.outcome)
+            if outcome is None or outcome == report.outcome:
+                continue
+            listed = terminal.stats.get(report.outcome, [])
+            if report in listed:
+                listed.remove(report)
+            if outcome == "failed":
+                report.longrepr = cell.message or cell.reason
+            else:  # pytest reads a skip's (path, line, reason)
+                report.longrepr = (report.location[0], (report.location[1] or 0) + 1, f"Skipped: {cell.reason}")
+            report.outcome = outcome  # type: ignore[assignment]  # pytest's Literal
+            terminal.stats.setdefault(outcome, []).append(report)
 
     def run_info(self) -> RunInfo:
         versions = {"python": platform.python_version(), "torch": torch.__version__}

@@ -154,7 +154,11 @@ class TensorRecipe(FloatingRecipe):
         return _with_layout(text, self.layout)
 
     def describe(self) -> str:
+        # What the repro's values hold beyond a shape: what made a Function raise or overflow.
         extra = f", layout={self.layout}" if self.layout != "contiguous" else ""
+        extra += f", magnitude~{self.scale:g}" if self.scale != 1.0 else ""
+        extra += ", constant rows" if self.constant_rows else ""
+        extra += f", {self.pattern} values" if self.pattern != "random" else ""
         return f"{self.name}: tensor{tuple(self.shape)}{extra}"
 
 

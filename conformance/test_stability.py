@@ -229,7 +229,9 @@ def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
     if found is not None and not found.nonfinite:  # NaN or inf at ordinary magnitudes: this contract's own
         if found.what.startswith("grad["):  # every output is right: a wrong gradient may be gradcheck's
             target.blocked_by_wrong_gradients(ordinary, found.summary)
-        raise Blocked(Defect("reference", f"{spec.display_name} is outside the reference rule at ordinary magnitudes too"), ordinary)
+        raise Blocked(Defect(
+            "reference", f"{spec.display_name} is outside the reference rule at ordinary magnitudes too: {found.summary}", (found.details,),
+        ), ordinary)
 
 
 def _judge_case(

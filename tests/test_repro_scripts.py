@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conformance.engine.replay import EXIT_FAILED, EXIT_NOT_CHECKED, EXIT_PASSED, load_spec
-from conformance.engine.verdict import Outcome
 from conformance.engine.repro import _same_case, write_script
+from conformance.engine.verdict import Outcome
 from conformance.spec import Tensor
 from strategies.cases import Case
 from strategies.recipes import ScalarRecipe, TensorRecipe

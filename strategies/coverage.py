@@ -13,7 +13,10 @@ What the corners cover (:func:`coverage_corners`):
   129, 65, 33, 17 (past a tail of every common kernel block 16, 32, 64, 128, and past two full blocks
   of 64) that fits the element budget with the other dims at their smallest; likewise each
   ``*batch`` group as one dim of that many rows (kernels flatten the batch into rows and tile them),
-  every differentiable input requiring grad there;
+  every differentiable input requiring grad there; where the contract draws ``constant``
+  grad_outputs, each dim a gradient is likely summed along (:func:`summed_dims`) at that big size
+  too, in the lowest half precision dtype with constant grad_outputs (a running sum kept in half
+  precision is off by many steps there);
 * pairwise, as covering arrays do: every value of each Scalar whose strategy is finite (booleans,
   ``sampled_from``, a small integer range, or a ``from_case`` one, by index), the rank of each
   ``*batch`` group, whether an Index input holds its sentinel (``ignore_index``), and each relation
@@ -46,7 +49,7 @@ from conformance.spec import Spec
 from conformance.spec.dims import DimBounds, DimRule, dim_bounds
 from conformance.spec.inputs import Index, Scalar, Shaped
 
-__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "pattern_label", "scale_label", "smaller_corners", "smaller_sizes"]
+__all__ = ["BIG_SIZES", "BROADCAST_LABEL", "GRAD_KIND_LABEL", "REQUIRES_GRAD_LABEL", "Corner", "coverage_corners", "describe_coverage", "finite_values", "layout_label", "mask_kind_label", "pairwise_rows", "pattern_label", "scale_label", "smaller_corners", "smaller_sizes", "summed_dims"]
 
 # Past a tail of every common kernel block (16, 32, 64, 128): 129 = 2 * 64 + 1 = 8 * 16 + 1.
 BIG_SIZES = (129, 65, 33, 17)
@@ -216,20 +219,73 @@ def _size_corners(name: str, bound: DimBounds, rule: DimRule, fits: Any) -> tupl
 
 def coverage_corners(
     spec: Spec, *, dtypes: Sequence[torch.dtype], max_elements: int, max_batch_dims: int, kinds: Sequence[tuple[str, int]] = (),
-    pairwise_kinds: bool = False,
+    pairwise_kinds: bool = False, constant_grad_kind: int | None = None,
 ) -> tuple[Corner, ...]:
     """The corners of ``spec`` (see the module's docstring), deterministic: the same spec, dtypes,
     budget and case kinds always give the same corners, in the same order. ``kinds``: (label,
     number of values) of each categorical draw the contract varies beyond the spec
     (:func:`strategies.cases.case_kinds`): each value in turn, as dtypes are, or with
-    ``pairwise_kinds`` the kinds and the dtype as factors of the pairwise array."""
-    return _corners(spec, tuple(dtypes), max_elements, max_batch_dims, tuple(kinds), pairwise_kinds)
+    ``pairwise_kinds`` the kinds and the dtype as factors of the pairwise array.
+    ``constant_grad_kind``: the index of the ``constant`` grad_output kind where the contract draws
+    it: then each summed dim takes a corner of many steps in the lowest half precision too."""
+    return _corners(spec, tuple(dtypes), max_elements, max_batch_dims, tuple(kinds), pairwise_kinds, constant_grad_kind)
+
+
+def summed_dims(spec: Spec) -> tuple[str, ...]:
+    """Named dims a gradient is likely summed along: each one that some differentiable input lacks
+    and another input has (a bias's gradient summed over time, a key's over the queries)."""
+    shaped = [i for i in spec.inputs if isinstance(i, Shaped)]
+    named = [{d for d in i.parsed.dims if isinstance(d, str)} for i in shaped]
+    differentiable = {i.name for i in spec.differentiable_inputs}
+    summed = set().union(*(
+        set().union(*named) - own for spec_input, own in zip(shaped, named) if spec_input.name in differentiable
+    )) if named else set()
+    return tuple(name for name in spec.dim_names if name in summed)
+
+
+def _size_rows(
+    names: tuple[str, ...], bounds: Mapping[str, DimBounds], rules: Mapping[str, DimRule], fits: Any,
+) -> tuple[list[dict[str, int]], set[int]]:
+    """The size corners' forced sizes: small sizes of different dims together, then one big dim per
+    corner, the others at their smallest (a dim bounding it at least as big); and which are big."""
+    size_rows: list[dict[str, int]] = []
+    big_count = 0
+    small_items: list[tuple[str, int]] = []
+    for name in names:
+        small, big = _size_corners(name, bounds[name], rules.get(name, DimRule()), fits)
+        size_rows += [_with_bounding_dims({name: s}, rules) for s in big]
+        big_count += len(big)
+        small_items += [(name, s) for s in small]
+    while small_items:  # small sizes of different dims share a corner
+        row: dict[str, int] = {}
+        for item in list(small_items):
+            if item[0] not in row:
+                row[item[0]] = item[1]
+                small_items.remove(item)
+        size_rows.insert(0, row)
+    return size_rows, set(range(len(size_rows) - big_count, len(size_rows)))
+
+
+def _many_steps_rows(spec: Spec, bounds: Mapping[str, DimBounds], rules: Mapping[str, DimRule], fits: Any) -> list[dict[str, int]]:
+    """Forced sizes of each summed dim at the largest of :data:`BIG_SIZES` that fits."""
+    rows = []
+    for name in summed_dims(spec):
+        many = next((s for s in BIG_SIZES if fits(name, s)), 0)
+        if many and bounds[name].fit(many) == many:
+            rows.append(_with_bounding_dims({name: many}, rules))
+    return rows
+
+
+def _lowest_half(dtypes: Sequence[torch.dtype]) -> int | None:
+    """The index of the 16-bit floating dtype with the largest rounding step, None if none."""
+    halves = [(torch.finfo(d).eps, i) for i, d in enumerate(dtypes) if d.is_floating_point and torch.finfo(d).bits == 16]
+    return max(halves)[1] if halves else None
 
 
 @functools.lru_cache(maxsize=1024)  # asked by every test; a Function's tests that draw alike get the same
 def _corners(
     spec: Spec, dtypes: tuple[torch.dtype, ...], max_elements: int, max_batch_dims: int, kinds: tuple[tuple[str, int], ...],
-    pairwise_kinds: bool,
+    pairwise_kinds: bool, constant_grad_kind: int | None,
 ) -> tuple[Corner, ...]:
     rules: Mapping[str, DimRule] = dict(getattr(spec, "dim_rules", {}))
     names = spec.dim_names
@@ -251,23 +307,7 @@ def _corners(
     def ranks_fit(sizes: Mapping[str, int], ranks: Mapping[str, int]) -> bool:
         return within_budget(sizes, {**no_batch, **{name: (2,) * rank for name, rank in ranks.items()}})
 
-    size_rows: list[dict[str, int]] = []
-    big_size_rows: list[int] = []
-    small_items: list[tuple[str, int]] = []
-    for name in names:
-        small, big = _size_corners(name, bounds[name], rules.get(name, DimRule()), fits)
-        # One big dim per corner, the others at their smallest (a dim bounding it at least as big).
-        size_rows += [_with_bounding_dims({name: s}, rules) for s in big]
-        big_size_rows += [s for s in big]
-        small_items += [(name, s) for s in small]
-    while small_items:  # small sizes of different dims share a corner
-        row: dict[str, int] = {}
-        for item in list(small_items):
-            if item[0] not in row:
-                row[item[0]] = item[1]
-                small_items.remove(item)
-        size_rows.insert(0, row)
-    big_rows = set(range(len(size_rows) - len(big_size_rows), len(size_rows)))
+    size_rows, big_rows = _size_rows(names, bounds, rules, fits)
     # One corner per *batch group with many rows (rank 1, the largest of BIG_SIZES in the budget):
     # kernels flatten the batch into rows and tile those (a Python loop over blocks of rows), and
     # rank corners alone (sides of 2) never pass a block of 4 rows.
@@ -277,6 +317,15 @@ def _corners(
         if many:
             big_batches[len(size_rows)] = (name, (many,))
             size_rows.append({})
+    # One corner per summed dim at its big size, in the lowest half precision, with constant
+    # grad_outputs (terms that never cancel) and every gradient asked: a running sum along that
+    # dim kept in half precision is off by many steps there. Not the big size corner above: a
+    # constant grad_output would hide a gradient read from the wrong place of the last block.
+    half = _lowest_half(dtypes) if constant_grad_kind is not None else None
+    steps = _many_steps_rows(spec, bounds, rules, fits) if half is not None else []
+    many_steps = set(range(len(size_rows), len(size_rows) + len(steps)))
+    size_rows += steps
+    big_rows |= many_steps
     factors = _factors(spec, max_batch_dims)
     if pairwise_kinds:
         factors += [_Factor("dtype", None, max(len(dtypes), 1))] + [_Factor("kind", label, count) for label, count in kinds]
@@ -288,6 +337,8 @@ def _corners(
         # (requires_grad class 0: every input); the other corners take the subsets in turn. There
         # a sum over the rows meets grad_outputs whose terms never cancel (the last kind,
         # ``constant``), where an accumulator in the tested half precision is off by many steps.
+        if label == GRAD_KIND_LABEL and index in many_steps:
+            return constant_grad_kind or 0
         if label == GRAD_KIND_LABEL and index in big_batches:
             return levels - 1
         if label.endswith(PATTERN_SUFFIX) and levels > 1:
@@ -298,26 +349,31 @@ def _corners(
             return 1 + (index - sum(1 for i in big_rows if i < index)) % (levels - 1)
         if label != REQUIRES_GRAD_LABEL:
             return index % levels
-        return 0 if index in big_batches else (index - sum(1 for i in big_batches if i < index)) % levels
+        every_gradient = big_batches.keys() | many_steps
+        return 0 if index in every_gradient else (index - sum(1 for i in every_gradient if i < index)) % levels
+
+    def dtype_level(index: int, levels: int) -> int:
+        return half if half is not None and index in many_steps else index % levels
 
     fixed = [
         # Size corners spread the dtypes and case kinds in turn, as without pairs; the pairs they
         # leave uncovered take rows of their own.
         {
-            k: -1 if f.kind == "relation" else kind_level(str(f.key), index, f.levels) if f.kind == "kind" else index % f.levels
+            k: -1 if f.kind == "relation" else kind_level(str(f.key), index, f.levels) if f.kind == "kind" else dtype_level(index, f.levels)
             for k, f in enumerate(factors) if f.kind in ("relation", "dtype", "kind")
         }
         for index in range(len(sized))
     ]
     rows = pairwise_rows([f.levels for f in factors], fixed)
     if not pairwise_kinds:
-        turns = max([len(dtypes), *(levels + (len(big_batches) if label == REQUIRES_GRAD_LABEL else 0) for label, levels in kinds)])
+        every_gradient_rows = len(big_batches) + len(many_steps)
+        turns = max([len(dtypes), *(levels + (every_gradient_rows if label == REQUIRES_GRAD_LABEL else 0) for label, levels in kinds)])
         rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
     corners = []
     for index, levels in enumerate(rows):
         relations = {f.key: RELATIONS[level] for f, level in zip(factors, levels) if f.kind == "relation"}
         sizes = sized[index] if index < len(sized) else _sizes(names, bounds, rules, relations, {}, smallest=False)
-        dtype_index = next((level for f, level in zip(factors, levels) if f.kind == "dtype"), index % max(len(dtypes), 1))
+        dtype_index = next((level for f, level in zip(factors, levels) if f.kind == "dtype"), dtype_level(index, max(len(dtypes), 1)))
         kind_levels = (
             tuple((f.key, level) for f, level in zip(factors, levels) if f.kind == "kind") if pairwise_kinds
             else tuple((label, kind_level(label, index, count)) for label, count in kinds)

@@ -510,11 +510,13 @@ class Target:
         if self.spec.max_elements is not None:
             budget = min(budget, self.spec.max_elements)
         kinds = case_kinds(self.spec, self.case_options)
+        grad_kinds = self.case_options.grad_output_kinds
+        constant_grad_kind = grad_kinds.index("constant") if "constant" in grad_kinds else None
 
         def corners(pairwise: bool) -> tuple[Corner, ...]:
             return coverage_corners(
                 self.spec, dtypes=dtypes, max_elements=budget, max_batch_dims=self.case_options.max_batch_dims,
-                kinds=kinds, pairwise_kinds=pairwise,
+                kinds=kinds, pairwise_kinds=pairwise, constant_grad_kind=constant_grad_kind,
             )
 
         one_at_a_time = corners(False)

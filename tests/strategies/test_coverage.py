@@ -16,6 +16,8 @@ from strategies import CaseOptions, cases
 from strategies.cases import case_kinds
 from strategies.coverage import (
     BIG_SIZES,
+    GRAD_KIND_LABEL,
+    REQUIRES_GRAD_LABEL,
     Corner,
     coverage_corners,
     describe_coverage,
@@ -23,6 +25,7 @@ from strategies.coverage import (
     pairwise_rows,
     smaller_corners,
     smaller_sizes,
+    summed_dims,
 )
 from strategies.draw import most_broadcast
 from strategies.inputs import requires_grad_classes
@@ -316,3 +319,35 @@ def test_big_size_corners_keep_the_first_value_pattern_and_the_others_take_the_r
         assert isinstance(recipe, TensorRecipe) and recipe.pattern == options.value_patterns[corner.choice("x pattern") or 0]
     # A contract that keeps values apart (gradcheck's spacing) draws no pattern at all.
     assert not any(label == "x pattern" for label, _ in case_kinds(spec, options.replace(spacing=1e-3)))
+
+
+def test_each_summed_dim_gets_a_corner_of_many_steps_in_the_lowest_half_precision_with_constant_grads() -> None:
+    # A bias's gradient is summed over time (l) and a weight's over time too: a running sum kept in
+    # half precision is off by many steps at l=129 with grad_outputs that never cancel.
+    spec = checked_spec(
+        [Tensor("x", "*batch c l"), Tensor("w", "c k"), Tensor("bias", "c")],
+        dtypes=(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+    )
+    assert summed_dims(spec) == ("l", "k")  # c: every input has it
+    options = CaseOptions(grad_output_kinds=("random", "constant"), requires_grad="subsets")
+    kinds = case_kinds(spec, options)
+    corners = coverage_corners(spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=2, kinds=kinds, constant_grad_kind=1)
+    plain = coverage_corners(spec, dtypes=spec.dtypes, max_elements=512, max_batch_dims=2, kinds=kinds)
+
+    def many_steps(found: tuple[Corner, ...], dim: str) -> list[Corner]:
+        return [
+            c for c in found if dict(c.sizes)[dim] == 129 and c.dtype_index == 3
+            and c.choice(GRAD_KIND_LABEL) == 1 and c.choice(REQUIRES_GRAD_LABEL) == 0
+        ]
+
+    steps = many_steps(corners, "l") + many_steps(corners, "k")
+    assert len(steps) == 2, corners
+    assert not (many_steps(plain, "l") and many_steps(plain, "k")), plain  # without them, luck only
+    for corner in steps:
+        (case,) = collect_examples(cases(spec, options.replace(dtypes=spec.dtypes, corner=corner)), 1)
+        assert case.dtype == torch.bfloat16 and case.grad_kind == "constant" and case.requires_grad == {"x", "w", "bias"}, case
+    # Not where the contract never draws constant grad_outputs, nor without a half precision dtype.
+    wide = (torch.float64, torch.float32)
+    assert coverage_corners(spec, dtypes=wide, max_elements=512, max_batch_dims=2, kinds=kinds, constant_grad_kind=1) == (
+        coverage_corners(spec, dtypes=wide, max_elements=512, max_batch_dims=2, kinds=kinds)
+    )

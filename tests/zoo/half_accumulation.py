@@ -6,7 +6,9 @@ finite 0 where the truth is of order 1. Ordinary magnitudes never reach it.
 A bias-add whose bias gradient is summed over the rows one row after the other, in the gradient's
 own dtype, and its twin that sums in float32 (float64 for float64), one row after the other too:
 over many rows with grad_outputs that do not cancel, a half-precision accumulator is off by many
-rounding steps; the float32 one, sequential as it is, stays within the budget.
+rounding steps; the float32 one, sequential as it is, stays within the budget. And a per-channel
+bias over time (a conv's) whose gradient is a running sum along the time dim in half precision,
+and its float32 twin: the same defect along a named dim, not the rows.
 
 A logsumexp over the last dim that accumulates in float32 and returns that float32 result for
 float16 inputs (the downcast forgotten), and its twin that returns the input's dtype: the values
@@ -122,3 +124,27 @@ for _accumulator_of, _name in ((lambda dtype: dtype, "bias_add_half_accumulator"
                                (lambda dtype: torch.promote_types(dtype, torch.float32), "bias_add_float32_accumulator")):
     register(_bias_add(_accumulator_of), name=_name, inputs=[Tensor("x", "*batch d"), Tensor("bias", "d")],
              reference=lambda x, bias: x + bias, dtypes=(*DTYPES, torch.bfloat16), double_backward=False)
+
+
+def _channel_bias(accumulator_of: Any) -> type[torch.autograd.Function]:
+    class ChannelBias(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return x + bias[:, None]
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = grad_output.reshape(-1, *grad_output.shape[-2:])
+            total = torch.zeros(rows.shape[-2], dtype=accumulator_of(grad_output.dtype), device=rows.device)
+            for step in range(rows.shape[-1]):  # a time step at a time, as a scan over the sequence
+                total += rows[..., step].sum(0).to(total.dtype)
+            return grad_output, total.to(grad_output.dtype)
+
+    return ChannelBias
+
+
+for _accumulator_of, _name in ((lambda dtype: dtype, "channel_bias_half_accumulator"),
+                               (lambda dtype: torch.promote_types(dtype, torch.float32), "channel_bias_float32_accumulator")):
+    register(_channel_bias(_accumulator_of), name=_name, inputs=[Tensor("x", "*batch c l"), Tensor("bias", "c")],
+             reference=lambda x, bias: x + bias[:, None], dtypes=(*DTYPES, torch.bfloat16), double_backward=False)

@@ -54,7 +54,6 @@ __all__ = [
     "Evaluated",
     "Forward",
     "backward_every_leaf",
-    "backward_input_writes",
     "blocked_by_fake_kernel",
     "blocked_by_undeclared_writes",
     "blocked_by_unversioned_saves",
@@ -68,6 +67,7 @@ __all__ = [
     "gradients",
     "gradients_after_writes",
     "gradients_through_outputs",
+    "input_writes",
     "outputs_and_grads",
     "recorded_function_of_tensors",
     "reference_double_backward",
@@ -75,7 +75,6 @@ __all__ = [
     "reference_jvp",
     "reference_of_tensors",
     "run_reference",
-    "undeclared_input_writes",
     "unversioned_saves",
     "user_call",
     "user_evaluate",
@@ -395,58 +394,52 @@ def crash_owner(case: Case, contract: str, error: BaseException | None = None) -
     return CRASH_OWNER
 
 
-def undeclared_input_writes(case: Case) -> list[str]:
-    """The inputs forward writes in place (values or version counter) though the spec does not
-    declare them in ``mutates``: the inplace contract's finding, which makes whatever a compiler
-    or transform does with the call undefined. Empty when forward raises (that is a crash's owner's)."""
+def input_writes(case: Case) -> tuple[list[str], list[str]]:
+    """(the inputs forward writes in place though the spec does not declare them in ``mutates``,
+    the inputs backward writes in place), by values or version counter, from one forward and its
+    backward: the inplace contract's findings. A forward write makes whatever a compiler or
+    transform does with the call undefined; a backward write changes what a second backward,
+    gradgradcheck's or finite differences' next call reads. Both empty when forward raises (that
+    is a crash's owner's); a backward that raised after writing has written."""
     leaves = case.args()
     passed = forward_args(case, leaves)
     names = [recipe.name for recipe in case.recipes]
-    watched = [
-        (name, arg, arg.detach().clone(), arg._version)
-        for name, arg in zip(names, passed) if isinstance(arg, torch.Tensor) and name not in case.spec.mutates
-    ]
-    try:
-        with random_state(case.spec, case):
-            forward(case, leaves, how="guarded", passed=passed)
-    except Exception:
-        return []
-    return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
 
+    def watch(args: Sequence[Any], skip: frozenset[str] | set[str] = frozenset()) -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
+        return [(n, a, a.detach().clone(), a._version) for n, a in zip(names, args) if isinstance(a, torch.Tensor) and n not in skip]
 
-def backward_input_writes(case: Case) -> list[str]:
-    """The inputs backward writes in place (values or version counter), the inplace contract's
-    finding: such a backward changes what a second backward, gradgradcheck's or finite
-    differences' next call reads. Empty when forward raises; a backward that raised after
-    writing has written."""
-    leaves = case.args()
-    names = [recipe.name for recipe in case.recipes]
-    watched: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
-    try:
-        with random_state(case.spec, case):
-            outputs = forward(case, leaves, how="guarded").outputs
-            watched = [(name, arg, arg.detach().clone(), arg._version) for name, arg in zip(names, leaves) if isinstance(arg, torch.Tensor)]
-            positions = differentiable_positions(outputs)
-            wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-            if positions and wrt:
-                differentiable = [outputs[p] for p in positions]
+    def written(watched: list[tuple[str, torch.Tensor, torch.Tensor, int]]) -> list[str]:
+        return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
+
+    by_forward = watch(passed, set(case.spec.mutates))
+    by_backward: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+    with random_state(case.spec, case):
+        try:
+            outputs = forward(case, leaves, how="guarded", passed=passed).outputs
+        except Exception:
+            return [], []
+        forward_written, by_backward = written(by_forward), watch(leaves)
+        positions = differentiable_positions(outputs)
+        wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+        if positions and wrt:
+            differentiable = [outputs[p] for p in positions]
+            try:
                 gradients(differentiable, wrt, case.grad_outputs(differentiable))
-    except Exception:
-        pass
-    return [name for name, arg, before, version in watched if arg._version != version or changed_elements(arg, before)]
+            except Exception:
+                pass
+    return forward_written, written(by_backward)
 
 
 def blocked_by_undeclared_writes(case: Case) -> None:
-    """Raise ``Blocked`` by inplace when forward writes into an input the spec does not declare
-    (:func:`undeclared_input_writes`), or backward into any input (:func:`backward_input_writes`):
-    for a contract whose finding (a compiled difference, finite differences that moved, a double
-    backward that meets a saved tensor written) such a write can explain."""
-    written = undeclared_input_writes(case)
-    if written:
-        raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by forward, undeclared"), case)
-    written = backward_input_writes(case)
-    if written:
-        raise Blocked(Defect("inplace", f"input {written[0]!r} was modified in place by backward"), case)
+    """Raise ``Blocked`` by inplace when forward writes into an input the spec does not declare,
+    or backward into any input (:func:`input_writes`): for a contract whose finding (a compiled
+    difference, finite differences that moved, a double backward that meets a saved tensor
+    written) such a write can explain."""
+    by_forward, by_backward = input_writes(case)
+    if by_forward:
+        raise Blocked(Defect("inplace", f"input {by_forward[0]!r} was modified in place by forward, undeclared"), case)
+    if by_backward:
+        raise Blocked(Defect("inplace", f"input {by_backward[0]!r} was modified in place by backward"), case)
 
 
 def blocked_by_fake_kernel(case: Case) -> None:

@@ -466,6 +466,28 @@ def test_the_coverage_phase_runs_every_corner_under_a_profile_and_none_under_an_
     assert phases(run_examples=None, contract_examples=1) == [(False, 1)]  # so is a contract's own cap
 
 
+def test_the_random_phase_after_the_corners_is_random_and_follows_the_seed() -> None:
+    """Hypothesis' engine runs the simplest example first: after the corners (whose smallest case it
+    is) a phase of one example was that one at every seed. Now it is a random example."""
+    spec = make_spec([Tensor("q", "m d"), Tensor("k", "n d")])
+
+    def random_cases(seed_: int) -> list[str]:
+        target = Target(spec=spec, device="cpu", options=RunOptions(profile_settings={"max_examples": 5}, seed=seed_))
+        randoms: list[str] = []
+
+        def check(target: Target, data: Any) -> None:
+            case = target.draw_case(data)
+            if target.corner is None:
+                randoms.append(f"{case.describe()} {case.recipes} {case.grad_seed}")
+            target.checked()
+
+        target.run(check)
+        assert len(randoms) == 1, randoms  # the rejected simplest example never reaches the check
+        return randoms
+
+    assert len({tuple(random_cases(s)) for s in range(4)}) == 4
+
+
 def test_the_coverage_phase_takes_pairs_of_kinds_only_where_they_fit_the_count() -> None:
     """Dtypes and case kinds pairwise when those corners leave a random example within the test's
     count (thorough), else each value in turn: the corners never raise a profile's count."""

@@ -110,6 +110,11 @@ class DrawRecorder:
         self.draws.append((label, value))
         return value
 
+    @property
+    def conjecture_data(self) -> Any:
+        """The test case's choice data behind the draws (None outside Hypothesis' engine)."""
+        return self._choices
+
     def record(self, value: Any, label: str | None = None) -> None:
         """Record ``value`` as drawn, without drawing: a value the caller knows the draw would give
         (a simplest example's case, kept from an earlier test: :mod:`conformance.engine.simplest`)."""

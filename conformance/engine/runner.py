@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.errors import FlakyFailure, HypothesisException, InvalidArgument
@@ -190,6 +190,9 @@ class Target:
     concluded: bool = field(default=False, repr=False)  # a verdict was written (see conclude)
     corner: Corner | None = field(default=None, repr=False)  # the coverage phase's, for an example's first case
     corner_pending: bool = field(default=False, repr=False)
+    # A random phase after the corners: its engine's first example (every draw at its simplest,
+    # the smallest case the corners ran) is rejected once, so each example is a random one.
+    skip_simplest: bool = field(default=False, repr=False)
     case_strategies: dict[CaseOptions, st.SearchStrategy[Case]] = field(default_factory=dict, repr=False)
     simplest_cases: dict[CaseOptions, Case] = field(default_factory=dict, repr=False)  # see _simplest_case
     pool: EvaluationPool | None = field(default=None, repr=False)  # evaluations shared with this Function's other tests
@@ -388,7 +391,13 @@ class Target:
         strategy = self.case_strategies.get(chosen)
         if strategy is None:  # one per options: Hypothesis validates a new strategy object on its first draw
             strategy = self.case_strategies[chosen] = cases(self.spec, chosen, device=self.device)
-        case = self._simplest_case(data, chosen, strategy) if simplest.running() else data.draw(strategy, label="case")
+        if simplest.running():
+            case = self._simplest_case(data, chosen, strategy)
+        else:
+            case = data.draw(strategy, label="case")
+            if self.skip_simplest and simplest.only_simplest_choices(data):
+                self.skip_simplest = False
+                reject()
         if self.context is not None:
             self.context.use_case(case)
         if self.flight is not None:
@@ -559,12 +568,15 @@ class Target:
         # run (~4 ms, a tenth of the main job's CPU at one run per corner).
         test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
 
+        phases = self._phases(max_examples)
+
         def run_phase(corner: Corner | None, examples: int) -> None:
             self.corner = corner
+            self.skip_simplest = corner is None and len(phases) > 1
             # One @given wrapper for all runs of this test, each with its own count: what the
             # settings decorator sets, set again (it refuses a second; ~0.1 ms a run).
             run_settings = self.options.hypothesis_settings(examples)
-            if examples == 1 and simplest.passes_simplest(property_, run_settings):
+            if examples == 1 and not self.skip_simplest and simplest.passes_simplest(property_, run_settings):
                 return  # a one-example run (a corner's, compile's): the engine's first example passed (engine.simplest)
             test._hypothesis_internal_use_settings = run_settings  # type: ignore[attr-defined]
             try:
@@ -577,7 +589,7 @@ class Target:
         try:
             self._blocked_by_a_hang()  # once per test: a read of the run's hang notes
             with drawing_from(self.literals), numpy_seeded_only_if(needs_numpy_seeded(self.spec)), one_hard_timer():
-                for corner, examples in self._phases(max_examples):
+                for corner, examples in phases:
                     try:
                         run_phase(corner, examples)
                     except ContractFailure as at_corner:

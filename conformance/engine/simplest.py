@@ -42,7 +42,7 @@ try:
 except ImportError:  # another Hypothesis layout: every run goes through the engine
     HOOKED = False
 
-__all__ = ["HOOKED", "passes_simplest", "running"]
+__all__ = ["HOOKED", "only_simplest_choices", "passes_simplest", "running"]
 
 _DATA = st.data()
 _RUNNING = [False]
@@ -53,6 +53,14 @@ def running() -> bool:
     simplest value, so a draw from a strategy made of the suite's pure parts gives the same value
     each time (a caller may keep it for the next test that draws from an equal strategy)."""
     return _RUNNING[0]
+
+
+def only_simplest_choices(data: Any) -> bool:
+    """Whether every choice Hypothesis' ``data`` made so far took its simplest value: the engine's
+    first example, which a random phase after the corners has already run (its smallest case).
+    False where the internals are missing."""
+    nodes = getattr(getattr(data, "conjecture_data", None), "nodes", None)
+    return HOOKED and nodes is not None and all(getattr(node, "trivial", False) for node in nodes)
 
 
 def passes_simplest(test: Callable[[Any], None], run_settings: settings) -> bool:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import Evaluated, blocked_by_fake_kernel
+from conformance.engine.evaluate import REFERENCE_BLAME, Evaluated, blocked_by_fake_kernel, reference_label
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -131,7 +131,7 @@ def _judge_dtype(
     if len(impl.outputs) != len(truth.outputs):
         fail(
             f"len(reference outputs)={len(truth.outputs)}, but {fn_name}.forward returns {len(impl.outputs)} "
-            f"[spec {spec.name!r}, reference=, {dtype_name}]",
+            f"[spec {spec.name!r}, reference={reference_label(spec)}, {dtype_name}]",
             REFERENCE_BLAME,
             compares_values=False,
         )
@@ -152,7 +152,7 @@ def _judge_dtype(
         if tuple(got.shape) != tuple(want.shape):
             fail(
                 f"reference output[{position}].shape={tuple(want.shape)}, but {fn_name}.forward returns "
-                f"{tuple(got.shape)} [spec {spec.name!r}, reference=, {dtype_name}]",
+                f"{tuple(got.shape)} [spec {spec.name!r}, reference={reference_label(spec)}, {dtype_name}]",
                 REFERENCE_BLAME,
                 compares_values=False,
             )
@@ -287,10 +287,6 @@ def _drawn_ties(case: Case, args: Sequence[Any]) -> dict[str, TieGroups]:
     return ties
 
 
-REFERENCE_BLAME = (
-    "The spec's reference must compute what the Function computes, output for output, with the same "
-    "shapes: if the Function is right, fix reference= in register(...)."
-)
 
 
 def _truth_and_baseline(
@@ -319,7 +315,7 @@ def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict
         return evaluate_spec(spec, args, names, grad_outputs, terms=terms)
     except Exception as error:
         fail(
-            f"the spec's reference raised {type(error).__name__}, but should run on this case [spec {spec.name!r}, reference=]",
+            f"the spec's reference raised {type(error).__name__}, but should run on this case [spec {spec.name!r}, reference={reference_label(spec)}]",
             f"{type(error).__name__}: {error}",
             REFERENCE_BLAME,
             compares_values=False,

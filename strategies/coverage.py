@@ -24,7 +24,8 @@ What the corners cover (:func:`coverage_corners`):
 * every dtype and every value of the categorical draws the contract varies beyond the spec
   (:func:`strategies.cases.case_kinds`: the requires_grad classes all, each input alone and none;
   broadcast off and on; each mask kind, input layout, value pattern and grad_output kind; a
-  big-size corner keeps the first value pattern, the other corners take the others in turn): with
+  big-size or many-rows corner keeps the first value pattern, the other corners take the others
+  in turn): with
   ``pairwise_kinds``, pairwise with each other and with the factors above; otherwise one per corner
   in turn. Pairwise, they multiply the corners (over the reference ops at 10 examples: 1.3x for
   most contracts, 3.6x for layouts, 5.4x for the two memory contracts that vary all of them), so
@@ -325,7 +326,11 @@ def _corners(
     steps = _many_steps_rows(spec, bounds, rules, fits) if half is not None else []
     many_steps = set(range(len(size_rows), len(size_rows) + len(steps)))
     size_rows += steps
-    big_rows |= many_steps
+    # Sums of many terms (many rows, many steps) meet grad_outputs that never cancel and the first
+    # value pattern (``ascending``: magnitudes, one sign, so g * x never cancels either), in the
+    # lowest half precision where the contract draws constant grad_outputs.
+    every_gradient = big_batches.keys() | many_steps
+    big_rows |= every_gradient
     factors = _factors(spec, max_batch_dims)
     if pairwise_kinds:
         factors += [_Factor("dtype", None, max(len(dtypes), 1))] + [_Factor("kind", label, count) for label, count in kinds]
@@ -335,12 +340,10 @@ def _corners(
     def kind_level(label: str, index: int, levels: int) -> int:
         # Many rows reach the block loops of a row-tiled kernel: every gradient is computed there
         # (requires_grad class 0: every input); the other corners take the subsets in turn. There
-        # a sum over the rows meets grad_outputs whose terms never cancel (the last kind,
-        # ``constant``), where an accumulator in the tested half precision is off by many steps.
-        if label == GRAD_KIND_LABEL and index in many_steps:
-            return constant_grad_kind or 0
-        if label == GRAD_KIND_LABEL and index in big_batches:
-            return levels - 1
+        # a sum over the rows meets grad_outputs whose terms never cancel (``constant``, else the
+        # last kind), where an accumulator in half precision is off by many steps.
+        if label == GRAD_KIND_LABEL and index in every_gradient:
+            return levels - 1 if constant_grad_kind is None else constant_grad_kind
         if label.endswith(PATTERN_SUFFIX) and levels > 1:
             # A big size keeps the first value pattern (``ascending``: a row's maximum in its last
             # block); the other corners take the others in turn (``repeats``: ties on purpose).
@@ -349,11 +352,10 @@ def _corners(
             return 1 + (index - sum(1 for i in big_rows if i < index)) % (levels - 1)
         if label != REQUIRES_GRAD_LABEL:
             return index % levels
-        every_gradient = big_batches.keys() | many_steps
         return 0 if index in every_gradient else (index - sum(1 for i in every_gradient if i < index)) % levels
 
     def dtype_level(index: int, levels: int) -> int:
-        return half if half is not None and index in many_steps else index % levels
+        return half if half is not None and index in every_gradient else index % levels
 
     fixed = [
         # Size corners spread the dtypes and case kinds in turn, as without pairs; the pairs they
@@ -366,8 +368,7 @@ def _corners(
     ]
     rows = pairwise_rows([f.levels for f in factors], fixed)
     if not pairwise_kinds:
-        every_gradient_rows = len(big_batches) + len(many_steps)
-        turns = max([len(dtypes), *(levels + (every_gradient_rows if label == REQUIRES_GRAD_LABEL else 0) for label, levels in kinds)])
+        turns = max([len(dtypes), *(levels + (len(every_gradient) if label == REQUIRES_GRAD_LABEL else 0) for label, levels in kinds)])
         rows += [rows[i % len(rows)] for i in range(len(rows), turns)]  # every dtype and case kind value at least once
     corners = []
     for index, levels in enumerate(rows):

@@ -114,6 +114,33 @@ def test_an_unregistered_function_with_register_keywords_passes_or_fails_on_its_
     assert conformance.registered() == before, "check() must not register what it checks"
 
 
+def _doubled_refusing_one_value(x: torch.Tensor) -> torch.Tensor:
+    if x.numel() < 2:  # as F.group_norm refuses one value per group
+        raise ValueError("Expected more than 1 value")
+    return 2 * x
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return 2 * grad
+
+
+def test_a_reference_that_raises_is_the_reference_contracts_finding_and_blocks_the_others(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    # stability computes its truth with the same reference: it reported "ValueError raised while
+    # checking this contract [_Double]", the Function's crash, beside reference's failure.
+    result = conformance.check(_Double, inputs=[Tensor("x", "n")], reference=_doubled_refusing_one_value, device="cpu",
+                               contracts=["reference", "stability"], raise_on_failure=False)
+    assert result.outcomes() == {("reference", "_Double", "cpu"): "failed", ("stability", "_Double", "cpu"): "blocked"}, str(result)
+    text = str(result)
+    assert "the spec's reference raised ValueError, but should run on this case" in text, text
+    assert "reference=_doubled_refusing_one_value (test_check.py:" in text, text  # names the reference, not "reference="
+
+
 def test_with_register_keywords_dtypes_are_the_functions_not_a_filter(clean_registry) -> None:  # type: ignore[no-untyped-def]
     """dtypes= next to inputs= declares what the Function supports, as in register(); it filtered the
     default float64/float32 instead, so float16 alone ran nothing ("--dtypes excludes every dtype")."""

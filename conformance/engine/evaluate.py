@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -45,11 +46,13 @@ from conformance.engine.memory import AllocationPolicy, padded_copy, poison_cand
 from conformance.engine.probe import BackwardCall, Recorder, guarded, probe, record_into
 from conformance.engine.terms import TermMagnitudes
 from conformance.engine.torch_text import modified_no_grad_view, modified_saved_tensor, writes_overlapping_memory
+from conformance.spec import Spec
 from conformance.spec.targets import CustomOpAdapter
 from strategies.cases import Case
 from strategies.recipes import FloatingRecipe
 
 __all__ = [
+    "REFERENCE_BLAME",
     "Autocast",
     "Evaluated",
     "Forward",
@@ -69,10 +72,12 @@ __all__ = [
     "gradients_through_outputs",
     "input_writes",
     "outputs_and_grads",
+    "raised_in_reference",
     "recorded_function_of_tensors",
     "reference_double_backward",
     "reference_error",
     "reference_jvp",
+    "reference_label",
     "reference_of_tensors",
     "run_reference",
     "unversioned_saves",
@@ -733,6 +738,33 @@ def evaluate_with_terms(
     result.grad_terms = {name: mode.of(grad).detach() for name, grad in result.grads.items() if grad is not None}
     result.accumulation = mode.accumulation
     return result
+
+
+REFERENCE_BLAME = (
+    "The spec's reference must compute what the Function computes, output for output, with the same "
+    "shapes: if the Function is right, fix reference= in register(...)."
+)
+
+
+def reference_label(spec: Spec) -> str:
+    """``reference=`` as register() was given it: the function's name, and where a Python one is
+    defined (a lambda has no other name)."""
+    fn = spec.reference
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    return f"{name} ({Path(code.co_filename).name}:{code.co_firstlineno})" if code is not None else str(name)
+
+
+def raised_in_reference(spec: Spec, error: BaseException) -> bool:
+    """Whether ``error`` was raised inside the spec's reference or surrogate (a frame of their
+    own code on its traceback): the spec's finding, not the Function's."""
+    codes = {getattr(fn, "__code__", None) for fn in (spec.reference, spec.surrogate)} - {None}
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def reference_error(case: Case, args: Sequence[Any] | None = None, *, autocast: Autocast | None = None) -> str | None:

@@ -46,7 +46,15 @@ from conformance.engine.defects import (
     raised,
     require_sound,
 )
-from conformance.engine.evaluate import crash_owner, execute, function_of_tensors
+from conformance.engine.evaluate import (
+    REFERENCE_BLAME,
+    crash_owner,
+    execute,
+    function_of_tensors,
+    raised_in_reference,
+    reference_error,
+    reference_label,
+)
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.finite_differences import (
     blocked_by_wrong_first_derivatives,
@@ -803,6 +811,8 @@ class Target:
                     return
                 if self._unless_crash_blocked(self._crashed_in_user_code, error, phase(_innermost_frame(error))):
                     return
+                if raised_in_reference(self.spec, error) and self._unless_crash_blocked(self._reference_raised, error):
+                    return  # the reference contract's: this contract's other examples still run
                 internal = suite_frame(error)
                 if internal:
                     fail(
@@ -874,6 +884,21 @@ class Target:
         if owner != self.contract:
             raise Blocked(Defect(owner, summary), crash.case, crash=True)
         fail(summary, f"{type(cause).__name__}: {cause}", user_frames(cause), case=crash.case)
+
+    def _reference_raised(self, error: BaseException) -> NoReturn:
+        """The spec's reference (or surrogate) raised while this contract used it: the reference
+        contract's finding where the drawn case alone makes it raise (blocked by it here), else
+        this contract's, worded as the spec's error (a case the contract derived: other
+        magnitudes, a dtype)."""
+        __tracebackhide__ = True
+        case = self.context.case if self.context is not None else None
+        summary = (
+            f"the spec's reference raised {type(error).__name__}, but should run on this case "
+            f"[spec {self.spec.name!r}, reference={reference_label(self.spec)}]"
+        )
+        if self.contract != "reference" and case is not None and reference_error(case) is not None:
+            raise Blocked(Defect("reference", summary), case, crash=True)
+        fail(summary, f"{type(error).__name__}: {error}", REFERENCE_BLAME, user_frames(error), case=case, compares_values=False)
 
     def _outside_the_domain(self, crash: Crash) -> bool:
         """Whether ``crash`` is a forward that raised on a case outside the op's domain, where the

@@ -116,6 +116,17 @@ def test_a_missing_gradient_is_return_counts_and_blocks_the_others() -> None:
     assert str(blocked).startswith("blocked by return_count: len(backward return)=1")
 
 
+def test_a_missing_entry_is_named_by_the_shapes_of_the_gradients_returned() -> None:
+    # forward(x (3,), w (2, 3), alpha); backward returned w's gradient and alpha's None only: x's
+    # entry is the one missing, though by position alpha's is.
+    execution = _execution(torch.ones(2, 3, dtype=torch.float64), None)
+    text = str(_failure("return_count", execution))
+    assert "the entry for ['x'] is missing (the returned gradients match the other inputs' shapes, in order)" in text, text
+    execution = _execution(torch.ones(3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64))  # alpha's None left off
+    text = str(_failure("return_count", execution))
+    assert "the gradient for ['alpha'] is missing" in text, text
+
+
 def test_a_gradient_for_a_scalar_input_is_return_counts() -> None:
     x, w, _ = _right_grads()
     execution = _execution(x, w, torch.tensor(1.0))

@@ -14,6 +14,7 @@ the contract that ran it, labelled with the case, repro and rerun like every fai
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,24 @@ def _broadcast_to(grad: torch.Tensor, arg: torch.Tensor, others: Sequence[torch.
     return next((target for target in targets if broadcasts(shape, target)), None)
 
 
+def _missing_entries(raw: Sequence[Any], args: Sequence[Any], names: Sequence[str]) -> str:
+    """Which forward inputs have no entry in a backward return that is too short: the ones left
+    out where the returned tensors' shapes match the other inputs', in order (a None forgotten
+    for an integer input shifts the gradients after it); else the last ones by position."""
+    missing = len(names) - len(raw)
+    fits = []
+    for left_out in itertools.combinations(range(len(names)), missing):
+        kept = [i for i in range(len(names)) if i not in left_out]
+        if all(
+            value is None or (isinstance(value, torch.Tensor) and isinstance(args[i], torch.Tensor) and value.shape == args[i].shape)
+            for value, i in zip(raw, kept)
+        ):
+            fits.append([names[i] for i in left_out])
+    if len(fits) == 1 and fits[0] != list(names[len(raw):]):
+        return f"the entry for {fits[0]} is missing (the returned gradients match the other inputs' shapes, in order)."
+    return f"the gradient for {list(names[len(raw):])} is missing."
+
+
 def structural_defects(
     case: Case, call: BackwardCall, args: Sequence[Any], outputs: Sequence[Any] = ()
 ) -> list[Defect]:
@@ -181,7 +200,7 @@ def structural_defects(
             "return_count",
             f"len(backward return)={len(raw)}, but should be {len(names)} [{where}]",
             (
-                f"backward returned ({returned()}); the gradient for {names[len(raw):]} is missing.",
+                f"backward returned ({returned()}); {_missing_entries(raw, args, names)}",
                 "Return one entry per forward input (None where there is no gradient).",
             ),
         ))

@@ -225,7 +225,8 @@ def _unless_wrong_at_ordinary_magnitudes(target: Target, case: Case) -> None:
     names = [recipe.name for recipe in ordinary.recipes]
     grad_outputs = dict(zip(impl.diff_positions, impl.grad_outputs_before))
     exact, plain = reference_truth_and_baseline(spec, ordinary, args, names, grad_outputs)
-    found = _outside_reference_rule(spec, ordinary, impl, exact, plain, args, names, grad_outputs, "ordinary magnitudes")
+    context = f"{str(ordinary.dtype).removeprefix('torch.')}, ordinary magnitudes"
+    found = _outside_reference_rule(spec, ordinary, impl, exact, plain, args, names, grad_outputs, context)
     if found is not None and not found.nonfinite:  # NaN or inf at ordinary magnitudes: this contract's own
         if found.what.startswith("grad["):  # every output is right: a wrong gradient may be gradcheck's
             target.blocked_by_wrong_gradients(ordinary, found.summary)

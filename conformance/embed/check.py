@@ -160,7 +160,8 @@ class ConformanceFailure(AssertionError):
                 owner_ran = any((r.contract, r.function, r.device) == (verdict.owner, failure.function, failure.device)
                                 for r in result.results)
                 hint = (f"{result.unreported(failure)}: this test is the defect's only report" if owner_ran
-                        else f"add {verdict.owner!r} to contracts= to see the defect itself")
+                        else f"{verdict.owner} owns this defect and did not run here: add {verdict.owner!r} to contracts= "
+                        "to see whether its own examples reach it")
                 text = f"{verdict.describe()} ({hint})"
             else:
                 text = verdict.message or verdict.reason or "(no message)"

@@ -10,7 +10,7 @@ import torch
 
 import conformance
 from conformance import Tensor
-from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL
+from conformance.engine.finite_differences import FAST_ATOL, FAST_RTOL, FD_EPS, check_first_derivatives
 from conformance.engine.finite_differences import GRADCHECK_FAST_MODE_ELEMENTS as FAST_MODE_ELEMENTS
 from conformance.engine.verdict import Outcome
 from reference_ops.elementwise import Square
@@ -128,3 +128,22 @@ def test_second_derivatives_finite_differences_cannot_resolve_are_not_judged(cle
         dtypes=(torch.float64, torch.float32), contracts=["gradgradcheck"], device="cpu", profile="ci", seed=seed,
     )
     assert [r.verdict.outcome for r in result.results] == [Outcome.PASSED], result
+
+
+def _stiff_sine(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(2e5 * x)
+
+
+def test_a_stiff_function_is_judged_again_at_a_smaller_step() -> None:
+    # Central differences at 1e-6 are off by h^2 k^2 / 6 = 0.7% of sin(k x)'s derivative at k = 2e5
+    # (a recurrence over many steps curves like this): right at 1e-7; a wrong factor fails at both.
+    x = torch.tensor([0.3, 1.1], dtype=torch.float64, requires_grad=True)
+    outputs = (_stiff_sine(x),)
+    failing_alone = torch.autograd.gradcheck(lambda t: (_stiff_sine(t),), (x,), eps=FD_EPS, raise_exception=False)
+    assert not failing_alone  # the check the contract made before
+    assert check_first_derivatives(lambda t: (_stiff_sine(t),), (x,), outputs, fast=False, nondeterministic=False, brief=True).error is None
+
+    def off_by_a_factor(t: torch.Tensor) -> tuple[torch.Tensor]:
+        return (_stiff_sine(t.detach()) + 0.99 * (_stiff_sine(t) - _stiff_sine(t).detach()),)
+
+    assert check_first_derivatives(off_by_a_factor, (x,), outputs, fast=False, nondeterministic=False, brief=True).error is not None

@@ -52,6 +52,7 @@ from conformance.engine.numerics import (
     baseline,
     cheap_budget_first,
     compare_finiteness,
+    float32_baseline,
     judge_against_truth,
     judged_grads,
     judged_outputs,
@@ -131,18 +132,31 @@ def _judge_family(target: Target, case: Case, family: str, impl: Execution) -> b
     excused = family == "degenerate" and _has_zero_rows(case)
 
     ordinary: list[Evaluated] = []
+    widest: list[Evaluated] = []
 
     def overflowed(key: int | str) -> torch.Tensor | None:
-        """Where the truth of output ``key`` (a position) or grad ``key`` (a name) is NaN or inf
-        only because float64 overflowed: finite at ordinary magnitudes (a masked row's -inf is
-        -inf there too, a definition; exp(925) is not)."""
+        """Where output ``key`` (a position) or grad ``key`` (a name) may be NaN or inf: where
+        the truth is only because float64 overflowed (finite at ordinary magnitudes: a masked
+        row's -inf is -inf there too, a definition; exp(925) is not), and in half precision where
+        the reference computed in float32 is too (:func:`float32_baseline`: a recurrence whose
+        true gradient is a few % below float16's largest value, 1e4 times ill-conditioned)."""
         if not ordinary:
             moved = at_ordinary_magnitudes(case)
             ordinary.append(truth(spec, moved, moved.args(), names, grad_outputs))
         at_extreme, at_ordinary = _value_of(exact, key), _value_of(ordinary[0], key)
         if at_extreme is None or at_ordinary is None or at_extreme.shape != at_ordinary.shape:
             return None
-        return ~torch.isfinite(at_extreme.detach().cpu()) & torch.isfinite(at_ordinary.detach().cpu())
+        where = ~torch.isfinite(at_extreme.detach().cpu()) & torch.isfinite(at_ordinary.detach().cpu())
+        if torch.finfo(dtype).bits == 16:
+            if not widest:
+                try:
+                    widest.append(float32_baseline(spec, case, args, names, grad_outputs))
+                except Exception:  # a reference that refuses float32 excuses nothing
+                    widest.append(Evaluated((), {}))
+            at_float32 = _value_of(widest[0], key)
+            if at_float32 is not None and at_float32.shape == where.shape:
+                where |= ~torch.isfinite(at_float32.detach().cpu())
+        return where
 
     def judge(full_budget: bool) -> bool:
         return _judge_case(spec, impl, dtype, exact, plain if plain is not None or not full_budget else

@@ -28,7 +28,7 @@ from conformance.engine.evaluate import unversioned_saves
 from conformance.engine.finite_differences import FD_EPS, LARGEST_STEP, resolving_steps
 from conformance.engine.harness import Execution, changed_elements
 from conformance.engine.memory import AllocationPolicy, Unwritten, WatchedCode, plain_arguments
-from conformance.engine.numerics import exactly_equal
+from conformance.engine.numerics import exactly_equal, float32_baseline
 from conformance.engine.overlap import shares_memory
 from conformance.engine.probe import BackwardCall, Recorder, forget_probe_classes, probe, record_into
 from conformance.engine.provenance import BackwardOps, extra_ops
@@ -1279,3 +1279,17 @@ def test_a_noted_upstream_finding_keeps_later_advice(fail_on: frozenset[str], ou
         target.run(check)
     verdict = RecordedVerdict.of(target.user_properties)
     assert verdict is not None and verdict.outcome.value == outcome, verdict
+
+
+def test_the_float32_baseline_is_the_reference_in_float32_rounded_once_to_the_tested_dtype() -> None:
+    """stability's excuse in half precision: where the reference computed in float32 overflows the
+    dtype too (a product past 65504 from float16 inputs), a kernel that accumulates in float32 may."""
+    spec = dataclasses.replace(make_spec([Tensor("x", "n")], dtypes=(torch.float64, torch.float16)), reference=lambda x: x * 300.0)
+    (case,) = collect_examples(cases(spec, CaseOptions(dtypes=(torch.float16,))), 1)
+    x = torch.tensor([1.0, 250.0], dtype=torch.float16, requires_grad=True)
+    grad_outputs = {0: torch.full((2,), 300.0, dtype=torch.float16)}
+    widened = float32_baseline(spec, case, [x], ["x"], grad_outputs)
+    (out,) = widened.outputs
+    assert out.dtype == torch.float16 and out[0] == 300 and torch.isinf(out[1])  # 75000 in float32: past float16's range
+    grad = widened.grads["x"]
+    assert grad is not None and grad.dtype == torch.float16 and torch.isinf(grad).all()  # 300 * 300 = 90000

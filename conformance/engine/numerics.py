@@ -86,6 +86,7 @@ __all__ = [
     "compare_plain",
     "evaluate_spec",
     "exactly_equal",
+    "float32_baseline",
     "float64_tolerance",
     "judge_against_truth",
     "judged_grads",
@@ -357,6 +358,28 @@ def baseline(
     ``args`` as they are, under the case's RNG state."""
     with random_state(spec, case):
         return evaluate_spec(spec, list(args), names, grad_outputs)
+
+
+def float32_baseline(
+    spec: Spec, case: Case, args: Sequence[Any], names: Sequence[str], grad_outputs: Mapping[int, torch.Tensor]
+) -> Evaluated:
+    """The spec's reference (and surrogate) computed in float32 from ``args`` (half precision
+    inputs) and rounded once to the case's dtype: what a kernel that accumulates in float32
+    gives at best, as the docs ask kernels to compute. Where even this overflows the dtype (an
+    exploding recurrence's gradient past float16's 65504), so may a correct kernel."""
+
+    def widened(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.detach().to(torch.float32).requires_grad_(value.requires_grad)
+        return value
+
+    with random_state(spec, case):
+        wide = evaluate_spec(spec, [widened(a) for a in args], names, grad_outputs)
+
+    def narrowed(value: Any) -> Any:
+        return value.detach().to(case.dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    return Evaluated(tuple(narrowed(o) for o in wide.outputs), {n: narrowed(g) for n, g in wide.grads.items()})
 
 
 def reference_truth_and_baseline(

@@ -102,11 +102,15 @@ def _check_jacobians(target: Target, case: Case, args: list[Any], wrt_positions:
         index = located.input if located is not None else gradcheck_input(message)
         argument = names[index] if index is not None else ", ".join(names)
         where = f"[torch.autograd.gradcheck, float64, {'fast' if fast else 'slow'} mode, atol={atol}, rtol={rtol}]"
+        returned_none = (
+            (f"backward returned None for {argument!r}, which requires grad: the output depends on it, so its "
+             "gradient is not zero",) if argument in execution.grads and execution.grads[argument] is None else ()
+        )
         if located is None:
-            fail(f"analytical grad[{argument!r}] != numerical {where}", message.strip())
+            fail(f"analytical grad[{argument!r}] != numerical {where}", *returned_none, message.strip())
         fail(
             f"analytical grad[{argument!r}] != numerical: {located.entry(f'output[{located.output}]', argument)} {where}",
-            *located.details(f"output[{located.output}]", repr(argument), "torch.autograd.gradcheck"),
+            *returned_none, *located.details(f"output[{located.output}]", repr(argument), "torch.autograd.gradcheck"),
         )
 
 

@@ -183,6 +183,25 @@ def test_a_derivative_slightly_off_is_gradchecks_alone_when_finite_differences_s
     }, str(wrong_reference)
 
 
+class _ScaleForgetsTheScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (w,) = ctx.saved_tensors
+        return grad * w, None  # w's gradient left out in every requires_grad subset
+
+
+def test_a_gradient_left_out_in_every_run_is_gradchecks_and_says_backward_returned_none(clean_registry) -> None:  # type: ignore[no-untyped-def]
+    result = conformance.check(_ScaleForgetsTheScale, inputs=[Tensor("x", "n"), Tensor("w", "n")], reference=torch.mul, device="cpu",
+                               contracts=["needs_input_grad", "gradcheck"], raise_on_failure=False, double_backward=False)
+    assert result.outcome("gradcheck") == "failed", str(result)
+    assert "backward returned None for 'w', which requires grad" in str(conformance.ConformanceFailure(result))
+
+
 def test_with_register_keywords_dtypes_are_the_functions_not_a_filter(clean_registry) -> None:  # type: ignore[no-untyped-def]
     """dtypes= next to inputs= declares what the Function supports, as in register(); it filtered the
     default float64/float32 instead, so float16 alone ran nothing ("--dtypes excludes every dtype")."""

@@ -33,7 +33,6 @@ __all__ = [
     "SURROGATE_RTOL",
     "FirstDerivatives",
     "JacobianMismatch",
-    "blocked_by_backward_unlike_its_forward",
     "blocked_by_wrong_surrogate_gradients",
     "check_first_derivatives",
     "jacobian_mismatch",
@@ -250,70 +249,6 @@ def blocked_by_wrong_first_derivatives(
         where = f"torch.autograd.gradcheck, float64, {'fast' if checked.fast else 'slow'} mode, atol={checked.atol}, rtol={checked.rtol}"
         summary = f"{found}; finite differences in float64 reject it too" if found else "first derivatives are already wrong on this case"
         raise Blocked(Defect("gradcheck", summary, (f"{first} [{where}]",)), case)
-
-
-def blocked_by_backward_unlike_its_forward(
-    case: Case, call: Callable[..., Sequence[Any]], reference: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor],
-    *, found: str,
-) -> None:
-    """One defect, one failure, where gradcheck's tolerance cannot tell (a derivative 1e-4 off): a
-    float64 gradient that differs from the reference's is gradcheck's defect when finite
-    differences of the Function's own forward side with the reference -- along the direction
-    the two gradients differ in, ``e``, the derivative of ``<u, f(x + t e)>`` is one the backward
-    misses by ten times more than the reference does (Richardson-extrapolated central
-    differences, float64: ~1e-10 relative). Nothing is blocked where they side with the Function
-    (the reference's gradient is the odd one) or with neither (a kink)."""
-    if case.spec.surrogate is not None or not wrt or any(t.dtype != torch.float64 for t in wrt):
-        return
-    try:
-        sided = _sides_with_the_reference(call, reference, [t.detach() for t in wrt], case.grad_seed)
-    except Exception:  # a call that raises here decides nothing
-        return
-    if sided is not None:
-        raise Blocked(Defect("gradcheck", f"{found}; finite differences of forward in float64 side with the reference", (sided,)), case)
-
-
-def _sides_with_the_reference(
-    call: Callable[..., Sequence[Any]], reference: Callable[..., Sequence[Any]], wrt: Sequence[torch.Tensor], seed: int,
-) -> str | None:
-    with fixed_rng(zlib.crc32(repr((seed, "directional derivatives")).encode()), wrt[0].device):
-        first = [o for o in call(*wrt) if isinstance(o, torch.Tensor)]
-        weights = [torch.randn_like(o) for o in first]
-
-        def projected(fn: Callable[..., Sequence[Any]], at: Sequence[torch.Tensor]) -> torch.Tensor:
-            outputs = [o for o in fn(*at) if isinstance(o, torch.Tensor)]
-            return sum((torch.nan_to_num((o * w).sum()) for o, w in zip(outputs, weights)), torch.zeros((), dtype=torch.float64))
-
-        def gradient(fn: Callable[..., Sequence[Any]]) -> list[torch.Tensor]:
-            leaves = [t.clone().requires_grad_() for t in wrt]
-            grads = torch.autograd.grad(projected(fn, leaves), leaves, allow_unused=True)
-            return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(grads, wrt)]
-
-        own, theirs = gradient(call), gradient(reference)
-        direction = [a - b for a, b in zip(own, theirs)]
-        size = max(float(d.abs().max()) for d in direction)
-        if not math.isfinite(size) or size == 0.0:
-            return None
-        direction = [d / size for d in direction]
-        h = 1e-5 * max(1.0, max(float(t.abs().max()) for t in wrt if t.numel()))
-
-        def central(step: float) -> float:
-            with torch.no_grad():
-                plus = projected(call, [t + step * d for t, d in zip(wrt, direction)])
-                minus = projected(call, [t - step * d for t, d in zip(wrt, direction)])
-            return float(plus - minus) / (2 * step)
-
-        numerical = (4 * central(h / 2) - central(h)) / 3
-        backward = sum(float((g * d).sum()) for g, d in zip(own, direction))
-        reference_says = sum(float((g * d).sum()) for g, d in zip(theirs, direction))
-    gap = abs(backward - reference_says)
-    if abs(numerical - reference_says) * 10 <= gap:
-        return (
-            f"d/dt <u, forward(x + t e)> at t=0={numerical:.12g} (finite differences), backward gives "
-            f"{backward:.12g}, the reference {reference_says:.12g} [e: where the two gradients differ, u: random "
-            "grad_outputs, float64]"
-        )
-    return None
 
 
 # gradcheck's rule for a surrogate spec: its float64 gradient against the surrogate's autograd gradient.

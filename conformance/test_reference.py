@@ -30,7 +30,13 @@ from hypothesis import strategies as st
 
 from conformance.engine.contract import SOME_DTYPE, Requirement, contract
 from conformance.engine.defects import Blocked, Defect
-from conformance.engine.evaluate import REFERENCE_BLAME, Evaluated, blocked_by_fake_kernel, reference_label
+from conformance.engine.evaluate import (
+    REFERENCE_BLAME,
+    Evaluated,
+    blocked_by_fake_kernel,
+    reference_label,
+    reference_raised,
+)
 from conformance.engine.harness import Execution, random_state
 from conformance.engine.numerics import (
     Comparison,
@@ -315,7 +321,7 @@ def _reference(spec: Spec, args: list[Any], names: list[str], grad_outputs: dict
         return evaluate_spec(spec, args, names, grad_outputs, terms=terms)
     except Exception as error:
         fail(
-            f"the spec's reference raised {type(error).__name__}, but should run on this case [spec {spec.name!r}, reference={reference_label(spec)}]",
+            reference_raised(spec, error),
             f"{type(error).__name__}: {error}",
             REFERENCE_BLAME,
             compares_values=False,

@@ -79,6 +79,7 @@ __all__ = [
     "reference_jvp",
     "reference_label",
     "reference_of_tensors",
+    "reference_raised",
     "run_reference",
     "unversioned_saves",
     "user_call",
@@ -753,6 +754,14 @@ def reference_label(spec: Spec) -> str:
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     code = getattr(fn, "__code__", None)
     return f"{name} ({Path(code.co_filename).name}:{code.co_firstlineno})" if code is not None else str(name)
+
+
+def reference_raised(spec: Spec, error: BaseException) -> str:
+    """The one summary of a spec's reference that raised on a case (the spec's error)."""
+    return (
+        f"the spec's reference raised {type(error).__name__}, but should run on this case "
+        f"[spec {spec.name!r}, reference={reference_label(spec)}]"
+    )
 
 
 def raised_in_reference(spec: Spec, error: BaseException) -> bool:

@@ -53,7 +53,7 @@ from conformance.engine.evaluate import (
     function_of_tensors,
     raised_in_reference,
     reference_error,
-    reference_label,
+    reference_raised,
 )
 from conformance.engine.expectations import Expectation, expected_in, unmet
 from conformance.engine.finite_differences import (
@@ -892,10 +892,7 @@ class Target:
         magnitudes, a dtype)."""
         __tracebackhide__ = True
         case = self.context.case if self.context is not None else None
-        summary = (
-            f"the spec's reference raised {type(error).__name__}, but should run on this case "
-            f"[spec {self.spec.name!r}, reference={reference_label(self.spec)}]"
-        )
+        summary = reference_raised(self.spec, error)
         if self.contract != "reference" and case is not None and reference_error(case) is not None:
             raise Blocked(Defect("reference", summary), case, crash=True)
         fail(summary, f"{type(error).__name__}: {error}", REFERENCE_BLAME, user_frames(error), case=case, compares_values=False)
